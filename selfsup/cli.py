@@ -1,0 +1,152 @@
+"""Command-line interface::
+
+    selfsup pretrain CONFIG.yaml|RUN_DIR [key=value ...]
+    selfsup eval knn|linear|lowshot|cluster|all RUN_DIR [key=value ...] [--baseline raw|random] [--compare raw,random]
+    selfsup embed RUN_DIR IMAGES_DIR OUT.npy
+    selfsup bench CONFIG.yaml [key=value ...] [--steps N]
+
+``eval``, ``embed`` and ``bench`` print one JSON object as their last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from selfsup.checkpoint import CheckpointError
+from selfsup.config import ConfigError, load_config
+
+log = logging.getLogger("selfsup")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    from selfsup.train.engine import pretrain
+
+    target = Path(args.config)
+    if target.is_dir():  # resume a run directory with its own config
+        if not (target / "config.yaml").is_file():
+            raise ConfigError(f"{target} is a directory without config.yaml; pass a YAML config or a run directory")
+        cfg = load_config(target / "config.yaml", [f"trainer.out={target}", *args.overrides])
+    else:
+        cfg = load_config(target, args.overrides)
+    pretrain(cfg)
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from selfsup.eval.run import EVALUATIONS, compute_features, evaluate, run_config
+
+    cfg = run_config(Path(args.run_dir), args.overrides)
+    kinds = list(EVALUATIONS) if args.kind == "all" else [args.kind]
+    baselines = [args.baseline] + [b for b in (args.compare.split(",") if args.compare else []) if b]
+    result: dict[str, float] = {}
+    for baseline in baselines:
+        if baseline not in ("none", "raw", "random"):
+            raise ConfigError(f"bad baseline {baseline!r}; allowed: raw, random")
+        log.info("features: %s", "backbone" if baseline == "none" else baseline)
+        feats = compute_features(Path(args.run_dir), cfg, baseline=baseline, progress=sys.stderr.isatty())
+        prefix = "" if baseline == "none" else f"{baseline}_"
+        for kind in kinds:
+            log.info("eval %s (%s)", kind, "backbone" if baseline == "none" else baseline)
+            result.update({prefix + k: v for k, v in evaluate(kind, feats, cfg).items()})
+    if len(baselines) > 1:
+        print_table(result, baselines)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+
+
+def print_table(result: dict[str, float], baselines: list[str]) -> None:
+    """Human-readable side-by-side table of the backbone and its baselines (stdout, before the JSON)."""
+    names = ["backbone" if b == "none" else b for b in baselines]
+    prefixes = ["" if b == "none" else f"{b}_" for b in baselines]
+    metrics = [k for k in result if not any(k.startswith(p) for p in prefixes if p)]
+    metrics = [k for k in metrics if isinstance(result[k], float) and not k.endswith(("_lr", "_wd", "_splits"))]
+    print(f"{'metric':<28}" + "".join(f"{n:>12}" for n in names))
+    for key in metrics:
+        cells = [result.get(p + key) for p in prefixes]
+        print(f"{key:<28}" + "".join(f"{c:>12.2f}" if isinstance(c, float) else f"{'-':>12}" for c in cells))
+
+
+def cmd_embed(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    from selfsup.checkpoint import load_backbone
+    from selfsup.data.datasets import load_dataset
+    from selfsup.eval.features import extract_features
+    from selfsup.eval.run import device_for
+
+    backbone, meta = load_backbone(Path(args.run_dir))
+    data = load_dataset("imagefolder", root=args.images_dir, image_size=meta["image_size"], channels=meta["channels"],
+                        progress=sys.stderr.isatty())
+    device = device_for()
+    mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
+    std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
+    feats = extract_features(backbone.to(device), data.images, device=device, transform=lambda x: (x - mean) / std)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, feats.numpy())
+    print(json.dumps({"out": str(out), "num_images": feats.shape[0], "dim": feats.shape[1],
+                      "skipped": len(data.skipped)}))
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from selfsup.train.bench import bench
+
+    cfg = load_config(args.config, args.overrides)
+    print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="selfsup", description="Label-efficient self-supervised pretraining.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pretrain", help="pretrain a backbone; re-running on a run directory resumes it")
+    p.add_argument("config", help="YAML config, or an existing run directory to resume")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.epochs=5 optim.lr=0.002")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("eval", help="evaluate a run's exported backbone; last stdout line is JSON")
+    p.add_argument("kind", choices=["knn", "linear", "lowshot", "cluster", "all"])
+    p.add_argument("run_dir")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.knn_k=10")
+    p.add_argument("--baseline", default="none", choices=["none", "raw", "random"],
+                   help="evaluate raw pixels or a randomly initialised backbone instead of the trained one")
+    p.add_argument("--compare", default="", help="comma-separated baselines to evaluate beside it, e.g. raw,random")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("embed", help="embed a folder of images with a run's backbone into a .npy file")
+    p.add_argument("run_dir")
+    p.add_argument("images_dir")
+    p.add_argument("out")
+    p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("bench", help="images/s of the training step and of augmentation, and peak memory")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    try:
+        args.func(args)
+    except (ConfigError, CheckpointError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

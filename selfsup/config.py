@@ -1,0 +1,260 @@
+"""Typed run configuration: YAML files + ``key=value`` overrides, validated before any work.
+
+A config is a tree of dataclasses. Every leaf has a type (and, for choices, a ``Literal``), so an
+unknown key or a bad value fails at load time with a message naming the key and what is allowed.
+Method-, backbone- and view-specific parameters live in free-form mappings that are validated by
+the component that owns them (``selfsup.methods``, ``selfsup.models``, ``selfsup.data.augment``),
+also before training starts.
+
+A YAML file may start with ``_base_: other.yaml`` (a path relative to the file, or a list of
+paths) to compose presets; later files and overrides win, mappings merge key by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names it and what is allowed."""
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "fashion_mnist"
+    root: str | None = None
+    train_split: str = "train"
+    eval_split: str = "test"
+    image_size: int | None = None  # None keeps the stored size
+    channels: int | None = None  # None keeps the stored channels
+    fraction: float = 1.0  # seeded subset of the pretraining split
+    fraction_seed: int = 0
+    mean: list[float] | None = None  # per-channel normalisation; None = measured on the data
+    std: list[float] | None = None
+
+
+@dataclass
+class ViewConfig:
+    """``num`` crops made with one augmentation preset (plus overrides) at ``size`` pixels."""
+
+    preset: str = "simclr"
+    num: int = 1
+    size: int | None = None  # None = data.image_size (or the stored size)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "resnet18"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "adam", "sgd", "lars"] = "adamw"
+    lr: float = 1e-3  # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    lr_scaling: Literal["none", "linear"] = "none"
+    min_lr: float = 0.0
+    warmup_epochs: float = 0.0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    weight_decay: float = 1e-6
+    weight_decay_end: float | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: float = 0.9  # SGD and LARS
+    lars_eta: float = 0.02
+    clip_grad: float | None = None
+
+
+@dataclass
+class TrainerConfig:
+    out: str = "runs/default"
+    epochs: float = 10.0
+    max_steps: int | None = None  # overrides epochs when set
+    batch_size: int = 256  # global batch (images); each process gets batch_size / world_size
+    accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: Literal["auto", "ddp", "ddp_spawn"] = "auto"
+    precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
+    sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
+    seed: int = 0
+    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch default
+    log_every_steps: int = 20
+    checkpoint_every_steps: int = 200
+    progress: bool = True
+
+
+@dataclass
+class MonitorConfig:
+    knn_every_steps: int = 0  # 0 disables the online kNN monitor
+    knn_train_size: int = 5000
+    knn_test_size: int = 1000
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    collapse_every_steps: int = 100  # per-dimension std and effective rank of the embeddings
+
+
+@dataclass
+class EvalConfig:
+    batch_size: int = 512
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    linear_epochs: int = 30
+    linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
+    linear_weight_decays: list[float] = field(default_factory=lambda: [0.0, 1e-4])
+    lowshot_shots: list[int] = field(default_factory=lambda: [1, 2, 5, 10])
+    lowshot_percents: list[float] = field(default_factory=lambda: [1.0])
+    lowshot_splits: int = 3
+    cluster_n_init: int = 3
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    method: dict[str, Any] = field(default_factory=lambda: {"name": "vicreg"})
+    data: DataConfig = field(default_factory=DataConfig)
+    views: list[ViewConfig] = field(default_factory=lambda: [ViewConfig(), ViewConfig()])
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading, merging, overrides
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config, resolving ``_base_`` presets recursively (relative to the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/vicreg.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level, not {type(raw).__name__}")
+    bases = raw.pop("_base_", [])
+    merged: dict[str, Any] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        merged = deep_merge(merged, load_yaml(path.parent / base))
+    return deep_merge(merged, raw)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; any other value (lists included) replaces the old one."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["optim.lr=0.1", "views.0.num=4"]`` into a nested mapping (values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=0.01)")
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            value = text
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (or the defaults), apply ``key=value`` overrides and validate everything."""
+    raw = load_yaml(path) if path is not None else {}
+    tree = parse_overrides(overrides or [])
+    views_override = tree.get("views")
+    if isinstance(views_override, dict):  # views.<i>.<key>=value edits one list element
+        views = [dict(v) for v in raw.get("views", [dataclasses.asdict(v) for v in Config().views])]
+        for index, update in views_override.items():
+            if not (isinstance(index, int) and 0 <= index < len(views)):
+                raise ConfigError(f"views.{index}: there are {len(views)} view specs; use an index in 0..{len(views) - 1}")
+            if not isinstance(update, dict):
+                raise ConfigError(f"views.{index} must be overridden key by key, e.g. views.{index}.num=2")
+            views[index] = deep_merge(views[index], update)
+        tree["views"] = views
+    return from_dict(Config, deep_merge(raw, tree))
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking keys and value types recursively."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key {path!r}; allowed keys here: {', '.join(names)}")
+        kwargs[key] = _coerce(hints[key], value, path)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"bad value for {path}: {value!r} ({'; '.join(errors)})")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"bad value for {path}: {value!r}; allowed values: {', '.join(map(str, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, prefix=f"{path}.")
+    if origin is list:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"bad value for {path}: expected a list, got {value!r}")
+        return [_coerce(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"bad value for {path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        raise ConfigError(f"bad value for {path}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -1,0 +1,532 @@
+"""Batched, on-device image augmentations for self-supervised pretraining.
+
+The pipeline follows SimCLR (Chen et al., 2020, App. A) and BYOL (Grill et al., 2020, App. B):
+random resized crop -> horizontal flip -> colour jitter -> grayscale -> Gaussian blur -> solarize
+-> normalise. Every sample in a batch gets its own random parameters, and all of them are drawn
+from torch's global CPU generator, so ``torch.manual_seed(s)`` before a call reproduces it
+exactly, on any device.
+
+Each op is written as vectorised torch arithmetic over the whole batch (crop and flip are one
+``F.grid_sample`` with per-sample affine grids; colour ops use per-sample factors), which on a
+2-core CPU runs several times faster than kornia's batched modules. The colour formulas are
+torchvision's (the ones kornia's ``ColorJitter`` reproduces); the tests compare them with kornia.
+
+``LabelledAugment`` applies the MAST-5 ops (Huang et al., 2023, §3.2) each with its own
+probability and returns which ops changed each image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "AugmentConfig",
+    "PRESETS",
+    "augment_config",
+    "Augment",
+    "LabelledAugment",
+    "MAST_OPS",
+    "sample_op_subsets",
+    "augment_throughput",
+]
+
+_GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision / PIL "L"
+_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop rejection-sampling attempts
+
+
+def _pair(name: str, value: Any) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"AugmentConfig.{name} must be a pair (low, high) of numbers, got {value!r}") from None
+    if lo > hi:
+        raise ValueError(f"AugmentConfig.{name} must have low <= high, got {value!r}")
+    return lo, hi
+
+
+def _probability(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"AugmentConfig.{name} is a probability and must lie in [0, 1], got {value}")
+    return value
+
+
+@dataclass
+class AugmentConfig:
+    """Parameters of one augmentation pipeline (one view). Probabilities are per sample.
+
+    Jitter factors follow torchvision: brightness/contrast/saturation ~ U[max(0, 1 - s), 1 + s],
+    hue shift ~ U[-hue, hue] (in turns, hue <= 0.5). Blur sigma ~ U[blur_sigma]; the kernel side is
+    ``blur_kernel_frac * size`` rounded down to an odd number >= 3 (SimCLR: 10 % of the side).
+    ``mean``/``std`` normalise the output per channel (None: no normalisation).
+    """
+
+    size: int
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.2
+    hue: float = 0.1
+    grayscale_p: float = 0.2
+    blur_p: float = 0.0
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    blur_kernel_frac: float = 0.1
+    solarize_p: float = 0.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"AugmentConfig.size must be a positive int (output side in pixels), got {self.size!r}")
+        self.crop_scale = _pair("crop_scale", self.crop_scale)
+        if not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
+            raise ValueError(f"AugmentConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
+        self.crop_ratio = _pair("crop_ratio", self.crop_ratio)
+        if self.crop_ratio[0] <= 0.0:
+            raise ValueError(f"AugmentConfig.crop_ratio must be positive (width / height), got {self.crop_ratio}")
+        for name in ("hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p"):
+            setattr(self, name, _probability(name, getattr(self, name)))
+        for name in ("brightness", "contrast", "saturation"):
+            value = float(getattr(self, name))
+            if value < 0.0:
+                raise ValueError(f"AugmentConfig.{name} must be >= 0 (0 disables it), got {value}")
+            setattr(self, name, value)
+        self.hue = float(self.hue)
+        if not 0.0 <= self.hue <= 0.5:
+            raise ValueError(f"AugmentConfig.hue is a shift in turns and must lie in [0, 0.5], got {self.hue}")
+        self.blur_sigma = _pair("blur_sigma", self.blur_sigma)
+        if self.blur_sigma[0] <= 0.0:
+            raise ValueError(f"AugmentConfig.blur_sigma must be positive, got {self.blur_sigma}")
+        self.blur_kernel_frac = float(self.blur_kernel_frac)
+        if self.blur_kernel_frac <= 0.0:
+            raise ValueError(f"AugmentConfig.blur_kernel_frac must be > 0, got {self.blur_kernel_frac}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("AugmentConfig.mean and .std must be given together (or both None for no normalisation)")
+        if self.mean is not None and self.std is not None:
+            self.mean = tuple(float(m) for m in self.mean)
+            self.std = tuple(float(s) for s in self.std)
+            if len(self.mean) not in (1, 3) or len(self.mean) != len(self.std):
+                raise ValueError(
+                    f"AugmentConfig.mean/std need one value per channel (1 or 3, same length), "
+                    f"got mean={self.mean}, std={self.std}"
+                )
+            if min(self.std) <= 0.0:
+                raise ValueError(f"AugmentConfig.std must be positive, got {self.std}")
+
+    @property
+    def blur_kernel_size(self) -> int:
+        """Odd Gaussian kernel side used for ``size`` outputs (>= 3)."""
+        return max(3, int(self.blur_kernel_frac * self.size) | 1)
+
+
+_BYOL = dict(
+    crop_scale=(0.08, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1,
+    grayscale_p=0.2, blur_sigma=(0.1, 2.0),
+)
+_NO_COLOUR = dict(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # SimCLR ImageNet recipe (Chen et al. 2020, App. A): colour strength s = 1, blur p = 0.5.
+    "simclr": dict(crop_scale=(0.08, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.8, contrast=0.8,
+                   saturation=0.8, hue=0.2, grayscale_p=0.2, blur_p=0.5, solarize_p=0.0),
+    # SimCLR CIFAR recipe (App. B.9): s = 0.5, no blur.
+    "simclr_cifar": dict(crop_scale=(0.08, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4,
+                         saturation=0.4, hue=0.1, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
+    # BYOL (Grill et al. 2020, Tab. 6): asymmetric blur / solarize. VICReg (Bardes et al. 2022, App. C) uses the same.
+    "byol_view1": dict(_BYOL, blur_p=1.0, solarize_p=0.0),
+    "byol_view2": dict(_BYOL, blur_p=0.1, solarize_p=0.2),
+    "vicreg_view1": dict(_BYOL, blur_p=1.0, solarize_p=0.0),
+    "vicreg_view2": dict(_BYOL, blur_p=0.1, solarize_p=0.2),
+    # MAE / MAE-CT_min: crop (0.2, 1) + flip only.
+    "minimal": dict(crop_scale=(0.2, 1.0), hflip_p=0.5, **_NO_COLOUR),
+    # fastssl CIFAR recipe (multi-view BT/VICReg): jitter (0.4, 0.4, 0.4, 0) p 0.8, gray 0.2, no blur.
+    "multiview": dict(crop_scale=(0.08, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4,
+                      saturation=0.4, hue=0.0, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
+    # MSN code (data_manager.py) with the ViT-S jitter strength s = 0.5: (0.8s, 0.8s, 0.8s, 0.2s), blur p 0.5.
+    "msn": dict(crop_scale=(0.3, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4, saturation=0.4,
+                hue=0.1, grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0), solarize_p=0.0),
+    # MSN focal views: the same pipeline on small crops of scale (0.05, 0.3).
+    "msn_focal": dict(crop_scale=(0.05, 0.3), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4,
+                      saturation=0.4, hue=0.1, grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0), solarize_p=0.0),
+    # ExtreMA "shared crop + colour" (§5.1): run "minimal" once, then this per branch on the shared crop.
+    "color_only": dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, jitter_p=0.8, brightness=0.4,
+                       contrast=0.4, saturation=0.2, hue=0.1, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
+    # Evaluation: centred square crop of the whole image resized to ``size``; nothing random.
+    "none": dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, **_NO_COLOUR),
+}
+
+
+def augment_config(preset: str, size: int, **overrides: Any) -> AugmentConfig:
+    """Build an ``AugmentConfig`` from a named preset, then apply keyword overrides."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown augmentation preset {preset!r}; choose one of {sorted(PRESETS)}")
+    fields = [f.name for f in dataclasses.fields(AugmentConfig) if f.name != "size"]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown augmentation override(s) {unknown}; allowed keys: {fields}")
+    return AugmentConfig(size=size, **{**PRESETS[preset], **overrides})
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter sampling (CPU, global generator) and the batched ops
+# --------------------------------------------------------------------------------------------
+
+
+def _bernoulli(p: float, batch: int) -> Tensor:
+    """(B,) bool, True with probability p. Draws nothing when p is 0 or 1."""
+    if p <= 0.0:
+        return torch.zeros(batch, dtype=torch.bool)
+    if p >= 1.0:
+        return torch.ones(batch, dtype=torch.bool)
+    return torch.rand(batch) < p
+
+
+def _uniform(lo: float, hi: float, shape: tuple[int, ...]) -> Tensor:
+    return lo + (hi - lo) * torch.rand(shape, dtype=torch.float64)
+
+
+def _identity_boxes(batch: int, height: int, width: int, ratio: tuple[float, float]) -> Tensor:
+    """Largest centred box whose aspect ratio lies in ``ratio`` (torchvision's fallback crop); (B, 4) x0,y0,w,h."""
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = float(width), width / ratio[0]
+    elif in_ratio > ratio[1]:
+        w, h = height * ratio[1], float(height)
+    else:
+        w, h = float(width), float(height)
+    box = torch.tensor([(width - w) / 2, (height - h) / 2, w, h], dtype=torch.float64)
+    return box.expand(batch, 4).clone()
+
+
+def _sample_crop_boxes(batch: int, height: int, width: int, scale: tuple[float, float],
+                       ratio: tuple[float, float]) -> Tensor:
+    """RandomResizedCrop boxes (Szegedy et al. 2015; torchvision's sampler, vectorised, sub-pixel).
+
+    Up to 10 (area fraction, log aspect ratio) candidates per sample; the first that fits inside
+    the image wins; samples without a fitting candidate fall back to the centred box.
+    Returns (B, 4) float64 rows (x0, y0, w, h) in pixels.
+    """
+    area = float(height * width)
+    frac = _uniform(scale[0], scale[1], (batch, _CROP_ATTEMPTS))
+    log_ratio = _uniform(math.log(ratio[0]), math.log(ratio[1]), (batch, _CROP_ATTEMPTS))
+    aspect = log_ratio.exp()
+    w = (frac * area * aspect).sqrt()
+    h = (frac * area / aspect).sqrt()
+    fits = (w <= width) & (h <= height)
+    first = fits.to(torch.int8).argmax(dim=1, keepdim=True)
+    w = w.gather(1, first).squeeze(1)
+    h = h.gather(1, first).squeeze(1)
+    offsets = torch.rand(batch, 2, dtype=torch.float64)
+    boxes = torch.stack([offsets[:, 0] * (width - w), offsets[:, 1] * (height - h), w, h], dim=1)
+    fallback = ~fits.any(dim=1)
+    if fallback.any():
+        boxes[fallback] = _identity_boxes(int(fallback.sum()), height, width, ratio)
+    return boxes
+
+
+def _resample(x: Tensor, boxes: Tensor, flip: Tensor, size: int) -> Tensor:
+    """Crop each sample to its box, resize to size x size (bilinear) and mirror where ``flip``: one grid_sample.
+
+    Output pixel centre u in (-1, 1) (align_corners=False) reads the input at normalised
+    x = sign * (w / W) * u + (2 x0 + w) / W - 1, and likewise for y; sign = -1 mirrors.
+    """
+    _, _, height, width = x.shape
+    x0, y0, w, h = boxes.unbind(1)
+    params = torch.stack([
+        (w / width) * torch.where(flip, -1.0, 1.0), (2 * x0 + w) / width - 1, h / height, (2 * y0 + h) / height - 1,
+    ], dim=1).to(device=x.device, dtype=x.dtype)
+    centres = (torch.arange(size, device=x.device, dtype=x.dtype) * 2 + 1) / size - 1
+    grid_x = params[:, 0:1] * centres + params[:, 1:2]  # (B, size)
+    grid_y = params[:, 2:3] * centres + params[:, 3:4]
+    grid = torch.stack(torch.broadcast_tensors(grid_x[:, None, :], grid_y[:, :, None]), dim=-1)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def _same_boxes(a: Tensor, b: Tensor, side: int) -> Tensor:
+    """(B,) True where two (B, 4) boxes agree up to float error."""
+    return ((a - b).abs() <= 1e-6 * side).all(dim=1)
+
+
+def _view(values: Tensor, like: Tensor) -> Tensor:
+    """(B,) CPU parameters -> (B, 1, 1, 1) on the batch's device and dtype."""
+    return values.to(device=like.device, dtype=like.dtype).view(-1, 1, 1, 1)
+
+
+def _flag(values: Tensor, like: Tensor) -> Tensor:
+    """(B,) CPU bool switches -> (B, 1, 1, 1) bool on the batch's device."""
+    return values.to(like.device).view(-1, 1, 1, 1)
+
+
+def _gray(x: Tensor) -> Tensor:
+    """(B, 3, H, W) RGB -> (B, 1, H, W) luma."""
+    r, g, b = x.unbind(1)
+    return (_GRAY_WEIGHTS[0] * r + _GRAY_WEIGHTS[1] * g + _GRAY_WEIGHTS[2] * b).unsqueeze(1)
+
+
+def _adjust_brightness(x: Tensor, factor: Tensor) -> Tensor:
+    """Scale intensities (torchvision ``adjust_brightness``)."""
+    return (x * factor).clamp_(0.0, 1.0)
+
+
+def _adjust_contrast(x: Tensor, factor: Tensor) -> Tensor:
+    """Blend with the mean gray level of each image (torchvision ``adjust_contrast``)."""
+    mean = (_gray(x) if x.shape[1] == 3 else x).mean(dim=(1, 2, 3), keepdim=True)
+    return (x * factor).add_((1.0 - factor) * mean).clamp_(0.0, 1.0)
+
+
+def _adjust_saturation(x: Tensor, factor: Tensor) -> Tensor:
+    """Blend with the grayscale image (torchvision ``adjust_saturation``); RGB only."""
+    return (x * factor).add_(_gray(x).mul_(1.0 - factor)).clamp_(0.0, 1.0)
+
+
+def _adjust_hue(x: Tensor, shift: Tensor) -> Tensor:
+    """Rotate the HSV hue by ``shift`` turns (torchvision ``adjust_hue``); RGB only.
+
+    Value and saturation are kept, so with chroma c = max - min the output is
+    ``max - c * clamp(min(k, 4 - k), 0, 1)``, k = (n + 6 h') mod 6 for n = 5, 3, 1 (R, G, B).
+    """
+    r, g, b = x.unbind(1)
+    maxc = x.amax(dim=1)
+    chroma = maxc - x.amin(dim=1)
+    hue6 = torch.where(  # 6 * hue * chroma; ties resolve to red, then green (torchvision)
+        r == maxc, g - b, torch.where(g == maxc, (b - r).add_(chroma, alpha=2.0), (r - g).add_(chroma, alpha=4.0))
+    )
+    hue6.div_(torch.where(chroma == 0, 1.0, chroma)).add_(6.0 * shift.view(-1, 1, 1))
+    k = hue6.unsqueeze(1) + torch.tensor([5.0, 3.0, 1.0], device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    scratch = k.div(6.0).floor_().mul_(6.0)  # in-place from here on: fewer large temporaries
+    k.sub_(scratch)
+    torch.minimum(k, scratch.copy_(k).neg_().add_(4.0), out=k)
+    return k.clamp_(0.0, 1.0).mul_(chroma.neg_().unsqueeze(1)).add_(maxc.unsqueeze(1))
+
+
+def _gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int) -> Tensor:
+    """Separable Gaussian blur with one sigma per sample, reflect padding (torchvision ``GaussianBlur``)."""
+    batch, channels, height, width = x.shape
+    half = kernel_size // 2
+    if half >= min(height, width):
+        raise ValueError(
+            f"blur kernel {kernel_size} needs images larger than {half} px per side for reflect padding, "
+            f"got {height}x{width}; lower blur_kernel_frac or increase size"
+        )
+    offsets = torch.arange(kernel_size, device=x.device, dtype=x.dtype) - half
+    sigma = sigma.to(device=x.device, dtype=x.dtype).view(-1, 1)
+    kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel = (kernel / kernel.sum(dim=1, keepdim=True)).repeat_interleave(channels, dim=0)  # (B*C, k)
+    flat = F.pad(x.reshape(1, batch * channels, height, width), (half, half, half, half), mode="reflect")
+    flat = F.conv2d(flat, kernel.view(-1, 1, 1, kernel_size), groups=batch * channels)
+    flat = F.conv2d(flat, kernel.view(-1, 1, kernel_size, 1), groups=batch * channels)
+    return flat.view(batch, channels, height, width)
+
+
+def _check_batch(x: Tensor, config: AugmentConfig) -> None:
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        raise ValueError(f"augmentation expects a (B, C, H, W) tensor, got {getattr(x, 'shape', type(x))}")
+    if not x.is_floating_point():
+        raise ValueError(f"augmentation expects float images in [0, 1], got dtype {x.dtype}; use x.float() / 255")
+    if x.shape[1] not in (1, 3):
+        raise ValueError(f"augmentation supports 1 (gray) or 3 (RGB) channels, got {x.shape[1]}")
+    if config.mean is not None and len(config.mean) != x.shape[1]:
+        raise ValueError(
+            f"AugmentConfig.mean/std have {len(config.mean)} values but the batch has {x.shape[1]} channel(s); "
+            f"give one mean/std per channel"
+        )
+    if x.numel() and (x.amin() < -1e-3 or x.amax() > 1.0 + 1e-3):
+        raise ValueError(
+            "augmentation expects un-normalised images in [0, 1]; got values outside it "
+            "(pass raw pixels / 255 and let AugmentConfig.mean/std normalise)"
+        )
+
+
+class _Pipeline(nn.Module):
+    """Shared implementation: crop, flip, jitter, grayscale, blur, solarize, normalise with per-sample switches."""
+
+    def __init__(self, config: AugmentConfig) -> None:
+        super().__init__()
+        if not isinstance(config, AugmentConfig):
+            raise TypeError(f"expected an AugmentConfig, got {type(config).__name__}; build one with augment_config()")
+        self.config = config
+        if config.mean is not None and config.std is not None:
+            self.register_buffer("mean", torch.tensor(config.mean).view(1, -1, 1, 1), persistent=False)
+            self.register_buffer("std", torch.tensor(config.std).view(1, -1, 1, 1), persistent=False)
+        else:
+            self.mean = self.std = None
+
+    def extra_repr(self) -> str:
+        return repr(self.config)
+
+    def _run(self, x: Tensor, crop_on: Tensor, flip_on: Tensor, jitter_on: Tensor, gray_on: Tensor,
+             blur_on: Tensor, solarize_on: Tensor) -> tuple[Tensor, Tensor]:
+        """Apply the ops switched on per sample; returns (images, crop_changed (B,) bool)."""
+        cfg = self.config
+        batch, channels, height, width = x.shape
+        # 1-2. crop + flip (one resampling pass; skipped when every box is the whole image at output size)
+        identity = _identity_boxes(batch, height, width, cfg.crop_ratio)
+        boxes = identity
+        if crop_on.any():
+            sampled = _sample_crop_boxes(batch, height, width, cfg.crop_scale, cfg.crop_ratio)
+            boxes = torch.where(crop_on.unsqueeze(1), sampled, identity)
+        crop_changed = ~_same_boxes(boxes, identity, max(height, width))
+        full = _same_boxes(boxes, _identity_boxes(batch, height, width, (0.0, math.inf)), max(height, width))
+        if bool(full.all()) and height == width == cfg.size:
+            if flip_on.any():
+                x = torch.where(_flag(flip_on, x), x.flip(-1), x)
+        else:
+            x = _resample(x, boxes, flip_on, cfg.size)
+        # 3. colour jitter: torchvision's four ops, in one random order per call (as kornia), per-sample factors
+        if jitter_on.any():
+            x = torch.where(_flag(jitter_on, x), self._jitter(x, jitter_on), x)
+        # 4. grayscale (no-op for 1-channel images)
+        if channels == 3 and gray_on.any():
+            x = torch.where(_flag(gray_on, x), _gray(x).expand_as(x), x)
+        # 5. Gaussian blur, computed only on the selected samples
+        if blur_on.any():
+            sigma = _uniform(cfg.blur_sigma[0], cfg.blur_sigma[1], (batch,))
+            idx = blur_on.nonzero().squeeze(1).to(x.device)
+            x = x.index_copy(0, idx, _gaussian_blur(x.index_select(0, idx), sigma[blur_on], cfg.blur_kernel_size))
+        # 6. solarize: invert pixels >= 0.5 (BYOL)
+        if solarize_on.any():
+            x = torch.where(_flag(solarize_on, x), torch.minimum(x, 1.0 - x), x)  # = 1 - x where x >= 0.5
+        # 7. normalise
+        if self.mean is not None:
+            x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+        return x, crop_changed
+
+    def _jitter_ops(self, channels: int) -> list[int]:
+        """Indices (0 brightness, 1 contrast, 2 saturation, 3 hue) that can change a ``channels`` image."""
+        cfg = self.config
+        ops = [i for i, s in enumerate((cfg.brightness, cfg.contrast)) if s > 0]
+        if channels == 3:
+            ops += [i for i, s in ((2, cfg.saturation), (3, cfg.hue)) if s > 0]
+        return ops
+
+    def _jitter(self, x: Tensor, jitter_on: Tensor) -> Tensor:
+        cfg = self.config
+        batch = x.shape[0]
+        strengths = (cfg.brightness, cfg.contrast, cfg.saturation)
+        for op in torch.randperm(4).tolist():
+            if op not in self._jitter_ops(x.shape[1]):
+                continue
+            if op == 3:
+                shift = torch.where(jitter_on, _uniform(-cfg.hue, cfg.hue, (batch,)), 0.0)
+                x = _adjust_hue(x, shift.to(device=x.device, dtype=x.dtype))
+                continue
+            s = strengths[op]
+            factor = _view(torch.where(jitter_on, _uniform(max(0.0, 1.0 - s), 1.0 + s, (batch,)), 1.0), x)
+            x = (_adjust_brightness, _adjust_contrast, _adjust_saturation)[op](x, factor)
+        return x
+
+
+class Augment(_Pipeline):
+    """One augmentation pipeline (SimCLR / BYOL order) applied to a whole batch on its device.
+
+    ``forward(x)``: x is (B, C, H, W) float in [0, 1], C in {1, 3}; returns (B, C, size, size),
+    normalised if the config has mean/std. On 1-channel input saturation, hue and grayscale are
+    no-ops; brightness and contrast apply.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        cfg = self.config
+        _check_batch(x, cfg)
+        batch = x.shape[0]
+        on = torch.ones(batch, dtype=torch.bool)
+        flip_on = _bernoulli(cfg.hflip_p, batch)
+        jitter_on = _bernoulli(cfg.jitter_p, batch) if self._jitter_ops(x.shape[1]) else ~on
+        gray_on = _bernoulli(cfg.grayscale_p, batch) if x.shape[1] == 3 else ~on
+        blur_on = _bernoulli(cfg.blur_p, batch)
+        solarize_on = _bernoulli(cfg.solarize_p, batch)
+        out, _ = self._run(x, on, flip_on, jitter_on, gray_on, blur_on, solarize_on)
+        return out
+
+
+MAST_OPS: tuple[str, ...] = ("color_jitter", "blur", "flip", "grayscale", "crop")
+
+
+class LabelledAugment(_Pipeline):
+    """MAST-5 per-op labelled augmentation (Huang et al. 2023, §3.2, ops in ``MAST_OPS`` order).
+
+    Each op k fires independently with its own probability (colour jitter ``jitter_p``, blur
+    ``blur_p``, flip ``hflip_p``, grayscale ``grayscale_p``, crop ``crop_p``) and its own random
+    magnitude; ops are applied in SimCLR order (crop, flip, jitter, grayscale, blur). Images whose
+    crop does not fire get the centred square crop resized to ``size`` ("resize + centre crop").
+
+    ``forward(x, enabled=None)`` returns ``(images, applied)``, applied a (B, 5) bool tensor that
+    is True where op k changed image b: crop only when its box differs from the whole image, and
+    grayscale / colour jitter never on 1-channel images where they cannot act. ``enabled`` (B, 5)
+    bool restricts which ops may fire per image (MAST's sampled op subset, see
+    ``sample_op_subsets``; share it between the two views).
+    """
+
+    def __init__(self, config: AugmentConfig, crop_p: float = 1.0) -> None:
+        if config.solarize_p > 0:
+            raise ValueError("solarize is not one of the MAST-5 ops; set solarize_p=0 for LabelledAugment")
+        super().__init__(config)
+        self.crop_p = _probability("crop_p", crop_p)
+
+    def forward(self, x: Tensor, enabled: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        cfg = self.config
+        _check_batch(x, cfg)
+        batch = x.shape[0]
+        if enabled is None:
+            enabled = torch.ones(batch, len(MAST_OPS), dtype=torch.bool)
+        elif enabled.shape != (batch, len(MAST_OPS)) or enabled.dtype != torch.bool:
+            raise ValueError(
+                f"enabled must be a bool tensor of shape ({batch}, {len(MAST_OPS)}) (ops {MAST_OPS}), "
+                f"got {tuple(enabled.shape)} {enabled.dtype}"
+            )
+        enabled = enabled.cpu()
+        gray_input = x.shape[1] == 1
+        jitter_on = enabled[:, 0] & _bernoulli(cfg.jitter_p, batch)
+        if not self._jitter_ops(x.shape[1]):
+            jitter_on = torch.zeros_like(jitter_on)
+        blur_on = enabled[:, 1] & _bernoulli(cfg.blur_p, batch)
+        flip_on = enabled[:, 2] & _bernoulli(cfg.hflip_p, batch)
+        gray_on = enabled[:, 3] & _bernoulli(cfg.grayscale_p, batch) & (not gray_input)
+        crop_on = enabled[:, 4] & _bernoulli(self.crop_p, batch)
+        no_solarize = torch.zeros(batch, dtype=torch.bool)
+        out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize)
+        applied = torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1)
+        return out, applied.to(x.device)
+
+
+def sample_op_subsets(batch: int, num_ops: int, count: int) -> Tensor:
+    """(B, num_ops) bool with exactly ``count`` random ops per row (MAST stage-2 composition, §3.2)."""
+    if not 1 <= count <= num_ops:
+        raise ValueError(f"count must lie in [1, num_ops={num_ops}], got {count}")
+    ranks = torch.rand(batch, num_ops).argsort(dim=1).argsort(dim=1)
+    return ranks < count
+
+
+def augment_throughput(config: AugmentConfig, batch: int, channels: int, in_size: int, iters: int = 10,
+                       device: str | torch.device = "cpu") -> float:
+    """Images per second of ``Augment(config)`` on random (batch, channels, in_size, in_size) input.
+
+    One warm-up call, then ``iters`` timed calls. The global RNG state is restored afterwards.
+    """
+    if batch < 1 or iters < 1 or in_size < 1:
+        raise ValueError(f"batch, iters and in_size must be >= 1, got {batch}, {iters}, {in_size}")
+    device = torch.device(device)
+    augment = Augment(config).to(device)
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
+        x = torch.rand(batch, channels, in_size, in_size, device=device)
+        augment(x)
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            augment(x)
+        if cuda:
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+    return batch * iters / elapsed

@@ -1,0 +1,102 @@
+"""Evaluate a run directory's exported backbone (or a raw-pixel / random-init baseline).
+
+Reads only ``backbone.json`` + ``backbone.safetensors`` and the run's data config: evaluation
+never imports a training method.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from selfsup.checkpoint import CheckpointError, load_backbone
+from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
+from selfsup.data.datasets import load_dataset
+from selfsup.eval.clustering import kmeans_cluster
+from selfsup.eval.features import extract_features, raw_pixel_features
+from selfsup.eval.knn import knn_classify
+from selfsup.eval.linear import linear_probe
+from selfsup.eval.lowshot import lowshot_logistic
+
+log = logging.getLogger("selfsup")
+
+EVALUATIONS = ("knn", "linear", "lowshot", "cluster")
+Baseline = Literal["none", "raw", "random"]
+
+
+@dataclass
+class Features:
+    train: torch.Tensor
+    train_labels: torch.Tensor
+    test: torch.Tensor
+    test_labels: torch.Tensor
+
+
+def run_config(run_dir: Path, overrides: list[str]) -> Config:
+    """The run's resolved config with ``key=value`` overrides (e.g. ``eval.knn_k=10 data.root=...``)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml); pass the trainer.out of a "
+                              f"`selfsup pretrain` run")
+    return from_dict(Config, deep_merge(load_yaml(path), parse_overrides(overrides)))
+
+
+def device_for(name: str | None = None) -> torch.device:
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True) -> Features:
+    """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone."""
+    d = cfg.data
+    splits = []
+    for split in (d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train", d.eval_split):
+        data = load_dataset(d.dataset, split, root=d.root, image_size=d.image_size, channels=d.channels,
+                            progress=progress)
+        if data.labels is None:
+            raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
+                              f"(set data.train_split / data.eval_split)")
+        splits.append(data)
+    train, test = splits
+    if baseline == "raw":
+        return Features(raw_pixel_features(train.images), train.labels, raw_pixel_features(test.images), test.labels)
+    backbone, meta = load_backbone(run_dir, random_init=baseline == "random")
+    device = device_for()
+    backbone.to(device)
+    mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
+    std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
+
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        return (x - mean) / std
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        return extract_features(backbone, images, batch_size=cfg.eval.batch_size, device=device,
+                                transform=normalize, progress=progress)
+
+    return Features(embed(train.images), train.labels, embed(test.images), test.labels)
+
+
+def evaluate(kind: str, feats: Features, cfg: Config) -> dict[str, float]:
+    """Run one evaluation on precomputed features; accuracies in percent."""
+    e = cfg.eval
+    if kind == "knn":
+        r = knn_classify(feats.train, feats.train_labels, feats.test, feats.test_labels, k=e.knn_k,
+                         temperature=e.knn_temperature)
+        return {"knn_top1": r["top1"], "knn_top5": r["top5"]}
+    if kind == "linear":
+        r = linear_probe(feats.train, feats.train_labels, feats.test, feats.test_labels, lrs=e.linear_lrs,
+                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs, seed=e.seed,
+                         device=device_for())
+        return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
+                "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}
+    if kind == "lowshot":
+        r = lowshot_logistic(feats.train, feats.train_labels, feats.test, feats.test_labels, shots=e.lowshot_shots,
+                             percents=e.lowshot_percents, num_splits=e.lowshot_splits, seed=e.seed)
+        return {f"lowshot_{k}": v for k, v in r.items()}
+    if kind == "cluster":
+        r = kmeans_cluster(feats.test, feats.test_labels, n_init=e.cluster_n_init, seed=e.seed)
+        return {f"cluster_{k}": v for k, v in r.items()}
+    raise ValueError(f"unknown evaluation {kind!r}; choose one of {', '.join(EVALUATIONS)} or all")

@@ -1,0 +1,37 @@
+"""Methods: each builds its heads around a backbone and defines one training step (``forward``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from selfsup.config import ConfigError, from_dict
+from selfsup.methods.barlow_twins import BarlowTwins
+from selfsup.methods.base import StepOutput
+from selfsup.methods.byol import BYOL
+from selfsup.methods.vicreg import VICReg
+
+METHODS: dict[str, type[nn.Module]] = {
+    "vicreg": VICReg,
+    "barlow_twins": BarlowTwins,
+    "byol": BYOL,
+}
+
+
+def method_config(spec: dict[str, Any]) -> tuple[type[nn.Module], Any]:
+    """Validate ``method: {name: ..., <hyper-parameters>}`` against the method's own config dataclass."""
+    spec = dict(spec)
+    name = spec.pop("name", None)
+    if name not in METHODS:
+        raise ConfigError(f"bad value for method.name: {name!r}; allowed values: {', '.join(METHODS)}")
+    cls = METHODS[name]
+    return cls, from_dict(cls.Config, spec, prefix="method.")
+
+
+def build_method(spec: dict[str, Any], backbone: nn.Module, total_steps: int) -> nn.Module:
+    cls, cfg = method_config(spec)
+    return cls(backbone, cfg, total_steps)
+
+
+__all__ = ["METHODS", "StepOutput", "build_method", "method_config"]

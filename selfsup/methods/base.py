@@ -1,0 +1,22 @@
+"""What every method shares: the step output and config validation. Methods compose; they don't inherit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    """A training step's result: the loss to minimise, scalar terms to log, embeddings to monitor."""
+
+    loss: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    embeddings: torch.Tensor | None = None  # (B, d) projector output of one view, for collapse monitors
+
+
+def check_num_views(method: str, views: list[torch.Tensor], expected: int) -> None:
+    if len(views) != expected:
+        raise ValueError(f"{method} needs {expected} views per image but the config makes {len(views)}; "
+                         f"set `views` to {expected} view specs of num 1 (see configs/presets/)")

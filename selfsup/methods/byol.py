@@ -1,0 +1,45 @@
+"""BYOL (Grill et al., NeurIPS 2020): an online network predicts an EMA target network's projection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from selfsup.losses.byol import byol_loss
+from selfsup.methods.base import StepOutput, check_num_views
+from selfsup.models.heads import mlp
+from selfsup.train.ema import EMATeacher
+from selfsup.train.schedules import cosine_schedule
+
+
+@dataclass
+class BYOLConfig:
+    projector: list[int] = field(default_factory=lambda: [4096, 256])
+    predictor: list[int] = field(default_factory=lambda: [4096, 256])
+    momentum: float = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
+    momentum_end: float = 1.0
+
+
+class BYOL(nn.Module):
+    Config = BYOLConfig
+
+    def __init__(self, backbone: nn.Module, cfg: BYOLConfig, total_steps: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp([backbone.num_features, *cfg.projector], norm="batch", act="relu")
+        self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="batch", act="relu")
+        self.target = EMATeacher(nn.Sequential(backbone, self.projector))
+        self.momentum = cosine_schedule(cfg.momentum, cfg.momentum_end, total_steps)
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        check_num_views("BYOL", views, 2)
+        z = [self.projector(self.backbone(view)) for view in views]
+        p = [self.predictor(zi) for zi in z]
+        t = [self.target(view) for view in views]
+        loss = byol_loss(p[0], t[1]) + byol_loss(p[1], t[0])  # symmetrised, Eq. 2
+        return StepOutput(loss, {}, z[0].detach())
+
+    def after_step(self, step: int) -> None:
+        self.target.update(nn.Sequential(self.backbone, self.projector), float(self.momentum[min(step, len(self.momentum) - 1)]))

@@ -1,0 +1,175 @@
+"""Projector / predictor heads shared by every method.
+
+- :func:`mlp` is the one MLP builder (VICReg/Barlow expanders, BYOL/ExtreMA projector and
+  predictor, MSN and MAE-CT projection heads, the multi-view small projectors).
+- :class:`Prototypes` holds MSN's learnable prototypes (Assran et al. 2022, Sec. 3).
+- :class:`GeM` and :class:`GaussianHead` give MAST's mean / diagonal-covariance heads
+  (Huang et al. 2023, Sec. 3.2 and App. A; GeM from Radenovic et al. 2018).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["GaussianHead", "GeM", "Prototypes", "mlp"]
+
+_NORMS = ("batch", "layer", "none")
+_ACTS = ("relu", "gelu")
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    return nn.BatchNorm1d(dim) if kind == "batch" else nn.LayerNorm(dim)
+
+
+def _act(kind: str) -> nn.Module:
+    return nn.ReLU(inplace=True) if kind == "relu" else nn.GELU()
+
+
+def mlp(
+    dims: Sequence[int],
+    norm: Literal["batch", "layer", "none"] = "batch",
+    act: Literal["relu", "gelu"] = "relu",
+    last_norm: bool = False,
+    last_act: bool = False,
+    bias: bool = True,
+    last_bias: bool = True,
+) -> nn.Sequential:
+    """Build ``Linear -> norm -> act`` hidden layers and a final ``Linear (-> norm) (-> act)``.
+
+    ``dims = [in, hidden..., out]`` gives ``len(dims) - 1`` Linear layers. Examples:
+    VICReg expander ``mlp([512, 2048, 2048, 2048])``; BYOL projector ``mlp([512, 4096, 256])``;
+    MSN head ``mlp([D, 2048, 2048, 256], act="gelu")``; ExtreMA projector
+    ``mlp([D, 4096, 4096, 256], norm="layer", act="gelu")``; MAE-CT projector
+    ``mlp([D, 2048, 2048, 256], last_norm=True)`` (last BN, no ReLU). ``norm="batch"`` uses
+    ``BatchNorm1d``; the training engine converts it to SyncBatchNorm when distributed.
+
+    Args:
+        bias: bias of the hidden Linear layers.
+        last_bias: bias of the final Linear layer.
+        last_norm / last_act: append the norm / activation after the final Linear too.
+    """
+    dims = [int(d) for d in dims]
+    if len(dims) < 2 or any(d < 1 for d in dims):
+        raise ValueError(
+            f"dims must list at least an input and an output size, all positive, got {dims}; "
+            "e.g. [512, 2048, 256]"
+        )
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    if act not in _ACTS:
+        raise ValueError(f"act must be one of {_ACTS}, got {act!r}")
+    if last_norm and norm == "none":
+        raise ValueError("last_norm=True needs norm='batch' or norm='layer', got norm='none'")
+    layers: list[nn.Module] = []
+    for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+        last = i == len(dims) - 2
+        layers.append(nn.Linear(d_in, d_out, bias=last_bias if last else bias))
+        if norm != "none" and (not last or last_norm):
+            layers.append(_norm(norm, d_out))
+        if not last or last_act:
+            layers.append(_act(act))
+    return nn.Sequential(*layers)
+
+
+class Prototypes(nn.Module):
+    """Learnable prototypes ``W (K, d)``; returns cosine logits ``norm(z) @ norm(W).T``.
+
+    MSN (Assran et al. 2022, Sec. 3) compares L2-normalised anchor/target embeddings with
+    L2-normalised prototypes; the loss divides by its temperature. The weight is marked
+    ``_no_weight_decay`` (MSN excludes prototypes from weight decay). Init: uniform in
+    ``[-1/sqrt(d), 1/sqrt(d)]`` as in the MSN code.
+    """
+
+    def __init__(self, num_prototypes: int, dim: int) -> None:
+        super().__init__()
+        if num_prototypes < 1 or dim < 1:
+            raise ValueError(
+                f"num_prototypes and dim must be positive, got {num_prototypes} and {dim}"
+            )
+        bound = dim**-0.5
+        self.weight = nn.Parameter(torch.empty(num_prototypes, dim).uniform_(-bound, bound))
+        self.weight._no_weight_decay = True  # type: ignore[attr-defined]
+
+    def forward(self, z: Tensor) -> Tensor:
+        """``z (B, d)`` -> cosine similarities ``(B, K)``."""
+        if z.ndim != 2 or z.shape[1] != self.weight.shape[1]:
+            raise ValueError(
+                f"expected embeddings of shape (B, {self.weight.shape[1]}), got {tuple(z.shape)}"
+            )
+        return F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).t()
+
+
+class GeM(nn.Module):
+    """Generalised-mean pooling (Radenovic et al. 2018): ``(mean_u clamp(x, eps)^p)^(1/p)``.
+
+    ``(B, C, H, W) -> (B, C)``. ``p = 1`` is average pooling, ``p -> inf`` max pooling; ``p`` is a
+    learnable scalar (init 3) unless ``learnable=False``.
+    """
+
+    def __init__(self, p: float = 3.0, eps: float = 1e-6, learnable: bool = True) -> None:
+        super().__init__()
+        if p <= 0 or eps <= 0:
+            raise ValueError(f"GeM needs p > 0 and eps > 0, got p={p}, eps={eps}")
+        self.eps = eps
+        p_tensor = torch.tensor(float(p))
+        if learnable:
+            self.p = nn.Parameter(p_tensor)
+        else:
+            self.register_buffer("p", p_tensor)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4:
+            raise ValueError(f"GeM expects a (B, C, H, W) map, got shape {tuple(x.shape)}")
+        return x.clamp(min=self.eps).pow(self.p).mean(dim=(2, 3)).pow(1.0 / self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={float(self.p):.3f}, eps={self.eps}"
+
+
+class GaussianHead(nn.Module):
+    """MAST projector: shared position-wise trunk, then a mean head and a diagonal-covariance
+    head (MAST Sec. 3.2, App. A).
+
+    ``trunk``: for each width in ``trunk_dims`` a 1x1 conv (= a Linear applied at every
+    position) + BatchNorm + ReLU (MAST: two layers of 8192). Mean head: ``GeM -> Linear -> mu``.
+    Covariance head: ``GeM -> Linear -> ReLU -> var`` (the diagonal of Sigma, >= 0 and possibly
+    exactly 0: losses must guard divisions). The two heads have their own GeM exponent.
+
+    Input: the backbone's spatial map ``(B, C, H, W)`` (e.g. ``ResNet.forward_feature_map``),
+    or a pooled vector ``(B, C)``, treated as a 1x1 map (the spec's cheap small-scale variant;
+    GeM is then the identity on positive inputs). Returns ``(mu, var)``, each ``(B, out_dim)``.
+    """
+
+    def __init__(self, in_channels: int, out_dim: int, trunk_dims: Sequence[int] = ()) -> None:
+        super().__init__()
+        widths = [int(in_channels), *(int(d) for d in trunk_dims), int(out_dim)]
+        if any(w < 1 for w in widths):
+            raise ValueError(
+                f"in_channels, trunk_dims and out_dim must be positive, got {widths}"
+            )
+        trunk: list[nn.Module] = []
+        for d_in, d_out in zip(widths[:-2], widths[1:-1]):
+            trunk += [nn.Conv2d(d_in, d_out, 1, bias=False), nn.BatchNorm2d(d_out), nn.ReLU(True)]
+        self.trunk = nn.Sequential(*trunk)
+        self.in_channels = widths[0]
+        self.gem_mu = GeM()
+        self.gem_var = GeM()
+        self.fc_mu = nn.Linear(widths[-2], out_dim)
+        self.fc_var = nn.Linear(widths[-2], out_dim)
+
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        if features.ndim == 2:
+            features = features[:, :, None, None]
+        if features.ndim != 4 or features.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected a (B, {self.in_channels}, H, W) feature map or (B, {self.in_channels}) "
+                f"vector, got shape {tuple(features.shape)}"
+            )
+        t = self.trunk(features)
+        mu = self.fc_mu(self.gem_mu(t))
+        var = F.relu(self.fc_var(self.gem_var(t)))
+        return mu, var

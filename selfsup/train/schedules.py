@@ -1,0 +1,39 @@
+"""Per-step schedules, precomputed as arrays (as in DINO): easy to plot, test and resume."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def cosine_schedule(start: float, end: float, total_steps: int, warmup_steps: int = 0,
+                    warmup_start: float = 0.0) -> np.ndarray:
+    """Linear warm-up from ``warmup_start`` to ``start``, then a half cosine from ``start`` to ``end``.
+
+    Value at step ``t`` after warm-up: ``end + (start - end) * (1 + cos(pi * t / T)) / 2``.
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    warmup_steps = min(max(warmup_steps, 0), total_steps)
+    warmup = np.linspace(warmup_start, start, warmup_steps, endpoint=False)
+    t = np.arange(total_steps - warmup_steps)
+    cosine = end + 0.5 * (start - end) * (1 + np.cos(np.pi * t / max(len(t), 1)))
+    return np.concatenate([warmup, cosine])
+
+
+def linear_schedule(start: float, end: float, total_steps: int) -> np.ndarray:
+    """Linear ramp from ``start`` to ``end`` over ``total_steps`` (MSN's momentum schedule)."""
+    return np.linspace(start, end, total_steps, endpoint=False) if total_steps > 0 else np.zeros(0)
+
+
+def constant_schedule(value: float, total_steps: int, warmup_steps: int = 0) -> np.ndarray:
+    """Constant value after an optional linear warm-up from 0."""
+    return cosine_schedule(value, value, total_steps, warmup_steps)
+
+
+def stretched(schedule_fn, total_steps: int, stretch: float, *args) -> np.ndarray:
+    """Compute a schedule over ``stretch * total_steps`` steps and keep the first ``total_steps``.
+
+    The MSN authors' code builds its momentum and weight-decay schedules 1.25x longer than training,
+    so they never reach their final value.
+    """
+    return schedule_fn(*args, int(round(total_steps * stretch)))[:total_steps]

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfsup.data.masking import keep_to_mask, multi_mask_keep_indices, num_keep, random_keep_indices
+
+
+@pytest.mark.parametrize(
+    ("num_patches", "ratio", "expected"),
+    [(64, 0.75, 16), (64, 0.8, 12), (196, 0.75, 49), (10, 0.9, 1), (64, 0.0, 64), (64, 0.999, 1), (49, 0.7, 14)],
+)
+def test_num_keep_is_floor_of_kept_fraction(num_patches: int, ratio: float, expected: int) -> None:
+    assert num_keep(num_patches, ratio) == expected
+
+
+@pytest.mark.parametrize("ratio", [1.0, -0.1, 1.5, float("nan")])
+def test_bad_ratios_raise(ratio: float) -> None:
+    with pytest.raises(ValueError, match="mask_ratio"):
+        random_keep_indices(2, 16, ratio)
+
+
+def test_bad_sizes_raise() -> None:
+    with pytest.raises(ValueError, match="num_patches"):
+        num_keep(0, 0.5)
+    with pytest.raises(ValueError, match="batch"):
+        random_keep_indices(0, 16, 0.5)
+
+
+def test_random_keep_counts_sorted_unique_in_range() -> None:
+    torch.manual_seed(0)
+    keep = random_keep_indices(32, 64, 0.75)
+    assert keep.shape == (32, 16) and keep.dtype == torch.long
+    assert torch.equal(keep, keep.sort(dim=1).values)
+    assert (keep[:, 1:] > keep[:, :-1]).all()  # sorted and strictly increasing -> unique
+    assert keep.min() >= 0 and keep.max() < 64
+    assert len({tuple(row.tolist()) for row in keep}) > 1  # rows are independent draws
+
+
+def test_random_keep_covers_tokens_uniformly() -> None:
+    torch.manual_seed(0)
+    keep = random_keep_indices(4000, 16, 0.5)
+    counts = torch.bincount(keep.flatten(), minlength=16).float()
+    expected = 4000 * 8 / 16
+    assert (counts - expected).abs().max() < 0.08 * expected
+
+
+def test_ratio_zero_keeps_everything() -> None:
+    keep = random_keep_indices(3, 10, 0.0)
+    assert torch.equal(keep, torch.arange(10).expand(3, 10))
+    assert not keep_to_mask(keep, 10).any()
+
+
+def test_extreme_ratio_keeps_one_token() -> None:
+    keep = random_keep_indices(5, 10, 0.95)
+    assert keep.shape == (5, 1)
+    assert keep_to_mask(keep, 10).sum(dim=1).tolist() == [9] * 5
+
+
+def test_shared_rows_are_identical() -> None:
+    torch.manual_seed(1)
+    keep = random_keep_indices(8, 64, 0.5, shared=True)
+    assert keep.shape == (8, 32)
+    assert (keep == keep[0]).all()
+
+
+def test_random_keep_determinism_global_seed_and_generator() -> None:
+    torch.manual_seed(3)
+    a = random_keep_indices(4, 49, 0.6)
+    torch.manual_seed(3)
+    b = random_keep_indices(4, 49, 0.6)
+    assert torch.equal(a, b)
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(random_keep_indices(4, 49, 0.6, generator=g1), random_keep_indices(4, 49, 0.6, generator=g2))
+    assert not torch.equal(random_keep_indices(4, 49, 0.6, generator=g1), a)
+
+
+def test_generator_does_not_touch_global_rng() -> None:
+    torch.manual_seed(5)
+    random_keep_indices(4, 49, 0.6, generator=torch.Generator().manual_seed(0))
+    after = torch.rand(1)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(1))
+
+
+def test_device_argument() -> None:
+    keep = random_keep_indices(2, 16, 0.5, device="cpu")
+    assert keep.device.type == "cpu"
+
+
+def test_multi_mask_disjoint_sets_cover_each_token_at_most_once() -> None:
+    torch.manual_seed(0)
+    keep = multi_mask_keep_indices(6, 64, num_masks=5, keep_per_mask=12)
+    assert keep.shape == (5, 6, 12) and keep.dtype == torch.long
+    assert (keep[..., 1:] > keep[..., :-1]).all()
+    for b in range(6):
+        tokens = keep[:, b].flatten()
+        assert tokens.unique().numel() == 60  # 5 x 12 distinct tokens: the masks are pairwise disjoint
+    masks = keep_to_mask(keep, 64)  # (M, B, N)
+    visible_count = (~masks).sum(dim=0)
+    assert visible_count.max() == 1 and visible_count.sum() == 6 * 60
+
+
+def test_multi_mask_full_partition_when_it_fits_exactly() -> None:
+    keep = multi_mask_keep_indices(3, 64, num_masks=4, keep_per_mask=16)
+    assert ((~keep_to_mask(keep, 64)).sum(dim=0) == 1).all()  # every token visible in exactly one mask
+
+
+def test_multi_mask_disjoint_too_many_raises() -> None:
+    with pytest.raises(ValueError, match="at most 5 masks"):
+        multi_mask_keep_indices(2, 64, num_masks=6, keep_per_mask=12)
+
+
+def test_multi_mask_independent_masks_may_overlap() -> None:
+    torch.manual_seed(0)
+    keep = multi_mask_keep_indices(50, 16, num_masks=3, keep_per_mask=8, disjoint=False)
+    assert keep.shape == (3, 50, 8)
+    assert (keep[..., 1:] > keep[..., :-1]).all()
+    overlap = (~keep_to_mask(keep, 16)).sum(dim=0)
+    assert overlap.max() >= 2  # 3 x 8 > 16, so tokens must repeat across masks
+
+
+def test_multi_mask_determinism_and_bad_args() -> None:
+    torch.manual_seed(2)
+    a = multi_mask_keep_indices(4, 64, 2, 8)
+    torch.manual_seed(2)
+    assert torch.equal(a, multi_mask_keep_indices(4, 64, 2, 8))
+    with pytest.raises(ValueError, match="keep_per_mask"):
+        multi_mask_keep_indices(2, 16, 2, 0)
+    with pytest.raises(ValueError, match="keep_per_mask"):
+        multi_mask_keep_indices(2, 16, 1, 17)
+    with pytest.raises(ValueError, match="num_masks"):
+        multi_mask_keep_indices(2, 16, 0, 4)
+
+
+def test_keep_to_mask_values() -> None:
+    keep = torch.tensor([[0, 2], [1, 3]])
+    mask = keep_to_mask(keep, 4)
+    assert mask.tolist() == [[False, True, False, True], [True, False, True, False]]
+    assert mask.dtype == torch.bool
+
+
+def test_keep_to_mask_rejects_bad_indices() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        keep_to_mask(torch.tensor([[0, 4]]), 4)
+    with pytest.raises(ValueError, match="integer"):
+        keep_to_mask(torch.tensor([[0.0, 1.0]]), 4)
