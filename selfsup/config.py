@@ -189,9 +189,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     views_override = tree.get("views")
     if isinstance(views_override, dict):  # views.<i>.<key>=value edits one list element
         views = [dict(v) for v in raw.get("views", [dataclasses.asdict(v) for v in Config().views])]
-        for index, update in views_override.items():
-            if not (isinstance(index, int) and 0 <= index < len(views)):
-                raise ConfigError(f"views.{index}: there are {len(views)} view specs; use an index in 0..{len(views) - 1}")
+        for key, update in views_override.items():
+            index = int(key) if str(key).isdigit() else -1
+            if not 0 <= index < len(views):
+                raise ConfigError(f"views.{key}: there are {len(views)} view specs; use an index in 0..{len(views) - 1}")
             if not isinstance(update, dict):
                 raise ConfigError(f"views.{index} must be overridden key by key, e.g. views.{index}.num=2")
             views[index] = deep_merge(views[index], update)

@@ -411,19 +411,20 @@ class _Pipeline(nn.Module):
         return ops
 
     def _jitter(self, x: Tensor, jitter_on: Tensor) -> Tensor:
+        """Colour jitter with per-sample factors (neutral where ``jitter_on`` is False)."""
         cfg = self.config
         batch = x.shape[0]
-        strengths = (cfg.brightness, cfg.contrast, cfg.saturation)
+        active = self._jitter_ops(x.shape[1])
         for op in torch.randperm(4).tolist():
-            if op not in self._jitter_ops(x.shape[1]):
+            if op not in active:
                 continue
             if op == 3:
                 shift = torch.where(jitter_on, _uniform(-cfg.hue, cfg.hue, (batch,)), 0.0)
                 x = _adjust_hue(x, shift.to(device=x.device, dtype=x.dtype))
-                continue
-            s = strengths[op]
-            factor = _view(torch.where(jitter_on, _uniform(max(0.0, 1.0 - s), 1.0 + s, (batch,)), 1.0), x)
-            x = (_adjust_brightness, _adjust_contrast, _adjust_saturation)[op](x, factor)
+            else:
+                s = (cfg.brightness, cfg.contrast, cfg.saturation)[op]
+                factor = torch.where(jitter_on, _uniform(max(0.0, 1.0 - s), 1.0 + s, (batch,)), 1.0)
+                x = (_adjust_brightness, _adjust_contrast, _adjust_saturation)[op](x, _view(factor, x))
         return x
 
 

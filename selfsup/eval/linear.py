@@ -7,7 +7,7 @@ Protocol:
    The test set is never read before step 3.
 3. Retrain with the chosen pair on the whole training set and report test top-1 / top-5.
 
-All heads of the grid train at once as one batched tensor ``(G, D, C)``, as MAE-CT trains its
+All heads of the grid train at once as the column blocks of one ``(D, G*C)`` matrix, as MAE-CT trains its
 10 learning rates as parallel heads on the same frozen features (MAE-CT App. B). The optimiser
 is mini-batch Adam with a cosine learning-rate schedule to zero and an L2 penalty on the weights
 (``weight_decay`` added to the gradient, as ``torch.optim.Adam`` does), the recipe of the
@@ -20,7 +20,7 @@ by default; this is MAE-CT's non-affine BatchNorm before the head, with its stat
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -59,7 +59,7 @@ def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tu
     return fit, val
 
 
-def _normalizer(fit_feats: torch.Tensor, normalize: str):
+def _normalizer(fit_feats: torch.Tensor, normalize: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Build the feature map from statistics of ``fit_feats`` only."""
     if normalize == "standardize":
         mean = fit_feats.mean(dim=0)
@@ -82,59 +82,54 @@ def _train_heads(
     label_smoothing: float,
     seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Train G softmax-regression heads at once; returns weights ``(G, D, C)`` and biases ``(G, C)``.
+    """Train G softmax-regression heads at once; returns weights ``(D, G*C)`` and biases ``(G*C,)``.
 
-    Head g minimises mean CE(label_smoothing) + weight_decays[g] / 2 * ||W_g||^2 with Adam at
-    lr_t = lrs[g] * (1 + cos(pi * t / T)) / 2 for step t of T. The CE gradient is the closed form
-    (softmax - smoothed one-hot) / B, so no autograd graph is built.
+    Head g (columns g*C .. g*C+C-1) minimises mean CE(label_smoothing) + weight_decays[g] / 2 *
+    ||W_g||^2 with Adam at lr_t = lrs[g] * (1 + cos(pi * t / T)) / 2 for step t = 0..T-1. The
+    CE gradient is the closed form (softmax - smoothed one-hot) / B, so no autograd graph is
+    built, and all heads share one matrix product per step.
     """
-    num_heads, dim = lrs.shape[0], feats.shape[1]
+    num_heads, num = lrs.shape[0], feats.shape[0]
     device = feats.device
-    weight = torch.zeros(num_heads, dim, num_classes, device=device)
-    bias = torch.zeros(num_heads, num_classes, device=device)
+    weight = torch.zeros(feats.shape[1], num_heads * num_classes, device=device)
+    bias = torch.zeros(num_heads * num_classes, device=device)
     params = (weight, bias)
     first = [torch.zeros_like(p) for p in params]
     second = [torch.zeros_like(p) for p in params]
     beta1, beta2 = _ADAM_BETAS
-    decay = weight_decays.view(-1, 1, 1)
+    column_lrs = lrs.repeat_interleave(num_classes)
+    column_decay = weight_decays.repeat_interleave(num_classes)
     smooth_off = label_smoothing / num_classes
-    smooth_on = 1.0 - label_smoothing + smooth_off
+    hit = torch.full((1, num_heads, 1), label_smoothing - 1.0, device=device)
     generator = torch.Generator().manual_seed(seed)
-    num = feats.shape[0]
-    steps_per_epoch = math.ceil(num / batch_size)
-    total = epochs * steps_per_epoch
+    total = epochs * math.ceil(num / batch_size)
     step = 0
     for _ in range(epochs):
         order = torch.randperm(num, generator=generator).to(device)
+        epoch_labels = labels[order]
         for start in range(0, num, batch_size):
-            idx = order[start : start + batch_size]
-            x, y = feats[idx], labels[idx]
-            logits = torch.einsum("bd,gdc->gbc", x, weight) + bias[:, None, :]
-            grad_logits = logits.softmax(dim=2)
-            grad_logits -= smooth_off
-            grad_logits[:, torch.arange(y.shape[0], device=device), y] -= smooth_on - smooth_off
-            grad_logits /= y.shape[0]
-            grads = (torch.einsum("bd,gbc->gdc", x, grad_logits) + decay * weight, grad_logits.sum(dim=1))
+            x = feats.index_select(0, order[start : start + batch_size])
+            y = epoch_labels[start : start + batch_size, None, None].expand(-1, num_heads, 1)
+            probs = torch.addmm(bias, x, weight).view(-1, num_heads, num_classes).softmax(dim=2)
+            probs.sub_(smooth_off).scatter_add_(2, y, hit.expand(y.shape[0], -1, -1))
+            grad_logits = probs.view(x.shape[0], -1).div_(x.shape[0])
+            grads = (torch.addmm(weight * column_decay, x.T, grad_logits), grad_logits.sum(dim=0))
+            lr_t = column_lrs * (0.5 * (1.0 + math.cos(math.pi * step / total)))
             step += 1
-            lr_t = lrs * (0.5 * (1.0 + math.cos(math.pi * (step - 1) / total)))
             correction1 = 1.0 - beta1**step
             correction2 = 1.0 - beta2**step
             for param, grad, m, v in zip(params, grads, first, second):
                 m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
                 v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                denom = (v / correction2).sqrt_().add_(_ADAM_EPS)
-                scale = (lr_t / correction1).view(-1, *([1] * (param.ndim - 1)))
-                param.sub_(scale * m / denom)
+                denom = v.div(correction2).sqrt_().add_(_ADAM_EPS)
+                param.sub_(m.div(denom).mul_(lr_t / correction1))
     return weight, bias
 
 
-def _head_logits(feats: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Logits ``(G, N, C)`` computed in chunks of samples."""
-    parts = [
-        torch.einsum("bd,gdc->gbc", feats[s : s + _EVAL_CHUNK], weight) + bias[:, None, :]
-        for s in range(0, feats.shape[0], _EVAL_CHUNK)
-    ]
-    return torch.cat(parts, dim=1)
+def _head_logits(feats: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Logits ``(G, N, C)`` of every head, computed in chunks of samples."""
+    parts = [torch.addmm(bias, feats[s : s + _EVAL_CHUNK], weight) for s in range(0, feats.shape[0], _EVAL_CHUNK)]
+    return torch.cat(parts).view(feats.shape[0], -1, num_classes).transpose(0, 1)
 
 
 def _check_grid(values: Sequence[float], name: str, allow_zero: bool) -> list[float]:
@@ -156,7 +151,7 @@ def linear_probe(
     *,
     lrs: Sequence[float] = (1e-3, 3e-3, 1e-2),
     weight_decays: Sequence[float] = (0.0, 1e-4),
-    epochs: int = 30,
+    epochs: int = 20,
     batch_size: int = 256,
     val_fraction: float = 0.1,
     label_smoothing: float = 0.0,
@@ -213,7 +208,7 @@ def linear_probe(
     weight, bias = _train_heads(
         fit_x, train_y[fit_idx], pair_lrs, pair_wds, num_classes, epochs, batch_size, label_smoothing, seed
     )
-    val_logits = _head_logits(val_x, weight, bias)
+    val_logits = _head_logits(val_x, weight, bias, num_classes)
     val_y = train_y[val_idx]
     val_top1 = (val_logits.argmax(dim=2) == val_y).float().mean(dim=1)
     val_loss = torch.stack([torch.nn.functional.cross_entropy(lg, val_y) for lg in val_logits])
@@ -233,7 +228,7 @@ def linear_probe(
         label_smoothing,
         seed,
     )
-    test_logits = _head_logits(norm(test.to(target)), weight, bias)[0]
+    test_logits = _head_logits(norm(test.to(target)), weight, bias, num_classes)[0]
     result = topk_accuracy(test_logits, test_y, ks=(1, 5))
     result.update(val_top1=100.0 * float(val_top1[best]), best_lr=best_lr, best_wd=best_wd)
     return result

@@ -93,12 +93,14 @@ class ResNet(nn.Module):
 
     Args:
         block: ``"basic"`` (ResNet-18/34) or ``"bottleneck"`` (ResNet-50 and deeper).
-        layers: number of blocks in each of the four stages, e.g. ``[2, 2, 2, 2]``.
+        layers: number of blocks in each stage, e.g. ``[2, 2, 2, 2]``; fewer stages (e.g. ``[1, 1]``)
+            give shallow models for tiny images.
         in_channels: image channels (1 for Fashion-MNIST, 3 for RGB).
         width: channels of the stem and of stage 1; stage s has ``width * 2**s`` (times 4 for
             bottlenecks). 64 is the standard network; 16 or 32 give tiny CPU models.
         small_stem: 3x3 stride-1 conv and no max-pool (CIFAR-style, for 32x32-ish inputs)
             instead of the 7x7 stride-2 conv + max-pool ImageNet stem.
+        stem_stride: stride of the small stem's conv (2 halves the resolution: 4x fewer FLOPs).
         zero_init_residual: start every residual branch at zero by zeroing the gamma of its
             last BatchNorm (Goyal et al., 2017), so each block begins as the identity.
 
@@ -113,14 +115,15 @@ class ResNet(nn.Module):
         in_channels: int = 3,
         width: int = 64,
         small_stem: bool = False,
+        stem_stride: int = 1,
         zero_init_residual: bool = True,
     ) -> None:
         super().__init__()
         if block not in _BLOCKS:
             raise ValueError(f"block must be one of {sorted(_BLOCKS)}, got {block!r}")
-        if len(layers) != 4 or any(int(n) < 1 for n in layers):
+        if len(layers) < 1 or any(int(n) < 1 for n in layers):
             raise ValueError(
-                f"layers must list 4 positive block counts (one per stage), got {layers!r}; "
+                f"layers must list positive block counts (one per stage), got {layers!r}; "
                 "e.g. [2, 2, 2, 2] for ResNet-18 or [1, 1, 1, 1] for a tiny model"
             )
         if in_channels < 1 or width < 1:
@@ -132,7 +135,7 @@ class ResNet(nn.Module):
         self.small_stem = small_stem
         if small_stem:
             self.stem = nn.Sequential(
-                nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False),
+                nn.Conv2d(in_channels, width, 3, stride=stem_stride, padding=1, bias=False),
                 nn.BatchNorm2d(width),
                 nn.ReLU(inplace=True),
             )
@@ -143,7 +146,9 @@ class ResNet(nn.Module):
                 nn.ReLU(inplace=True),
                 nn.MaxPool2d(3, stride=2, padding=1),
             )
-        stages: list[nn.Sequential] = []
+        if stem_stride not in (1, 2) or (stem_stride != 1 and not small_stem):
+            raise ValueError(f"stem_stride must be 1 or 2 and needs small_stem=True, got {stem_stride}")
+        self.num_stages = len(layers)
         channels = width
         for stage, num_blocks in enumerate(layers):
             stage_width = width * 2**stage
@@ -152,8 +157,7 @@ class ResNet(nn.Module):
                 stride = 2 if (stage > 0 and i == 0) else 1
                 blocks.append(block_cls(channels, stage_width, stride))
                 channels = stage_width * block_cls.expansion
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+            self.add_module(f"layer{stage + 1}", nn.Sequential(*blocks))
         self.num_features = channels
         self._init_weights(zero_init_residual)
 
@@ -180,10 +184,9 @@ class ResNet(nn.Module):
                 f"in_channels={x.shape[1]} or convert the images"
             )
         x = self.stem(x)
-        x = self.layer1(x)
-        x = self.layer2(x)
-        x = self.layer3(x)
-        return self.layer4(x)
+        for stage in range(self.num_stages):
+            x = getattr(self, f"layer{stage + 1}")(x)
+        return x
 
     def forward(self, x: Tensor) -> Tensor:
         """Global-average-pooled feature ``(B, num_features)``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import inspect
 import logging
 import sys
 import time
@@ -26,7 +27,7 @@ from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import ImageData, load_dataset
 from selfsup.data.sampler import StepSampler
 from selfsup.methods import build_method, method_config
-from selfsup.models import build_backbone
+from selfsup.models import BACKBONES, build_backbone
 from selfsup.train.monitors import KNNMonitor, collapse_stats
 from selfsup.train.optim import build_optimizer
 from selfsup.train.schedules import constant_schedule, cosine_schedule
@@ -76,6 +77,12 @@ def build_augmenters(cfg: Config, image_size: int, mean: list[float], std: list[
 def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast."""
     method_config(cfg.method)
+    if cfg.model.backbone not in BACKBONES:
+        raise ConfigError(f"bad value for model.backbone: {cfg.model.backbone!r}; allowed values: {', '.join(BACKBONES)}")
+    try:
+        inspect.signature(BACKBONES[cfg.model.backbone]).bind_partial(**cfg.model.params)
+    except TypeError as err:
+        raise ConfigError(f"model.params: {err}; see the signature of selfsup.models.{cfg.model.backbone}") from err
     if not cfg.views or any(v.num < 1 for v in cfg.views):
         raise ConfigError("views must list at least one view spec, each with num >= 1")
     for i, view in enumerate(cfg.views):
@@ -225,8 +232,11 @@ def pretrain(cfg: Config) -> Path:
     # Model, optimiser, schedules.
     torch.manual_seed(t.seed)
     params = backbone_params(cfg, channels, image_size)
-    backbone = build_backbone(cfg.model.backbone, **params)
-    method = build_method(cfg.method, backbone, total_steps)
+    try:
+        backbone = build_backbone(cfg.model.backbone, **params)
+        method = build_method(cfg.method, backbone, total_steps)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
     if fabric.world_size > 1 and t.sync_batchnorm:
         method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
     optimizer = build_optimizer(method, cfg.optim)

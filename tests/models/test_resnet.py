@@ -88,8 +88,12 @@ def test_gradients_reach_the_stem() -> None:
 def test_bad_arguments_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="block must be one of"):
         ResNet("wide", [1, 1, 1, 1])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="4 positive block counts"):
-        ResNet("basic", [1, 1, 1])
+    with pytest.raises(ValueError, match="positive block counts"):
+        ResNet("basic", [1, 0, 1])
+    with pytest.raises(ValueError, match="positive block counts"):
+        ResNet("basic", [])
+    with pytest.raises(ValueError, match="stem_stride"):
+        ResNet("basic", [1], stem_stride=2)
     model = ResNet("basic", [1, 1, 1, 1], in_channels=1, width=8, small_stem=True)
     with pytest.raises(ValueError, match="in_channels=3"):
         model(torch.randn(1, 3, 16, 16))
@@ -106,3 +110,11 @@ def test_build_backbone_resnet_presets_and_custom() -> None:
     assert BACKBONES["resnet50"] is resnet50
     with pytest.raises(ValueError, match="resnet18"):
         build_backbone("resnet34")
+
+
+def test_fewer_stages_and_strided_small_stem() -> None:
+    two = ResNet("basic", [1, 1], in_channels=1, width=8, small_stem=True)
+    assert two.num_features == 16
+    assert two.forward_feature_map(torch.randn(2, 1, 8, 8)).shape == (2, 16, 4, 4)
+    strided = ResNet("basic", [1, 1, 1], in_channels=1, width=8, small_stem=True, stem_stride=2)
+    assert strided.forward_feature_map(torch.randn(2, 1, 28, 28)).shape == (2, 32, 4, 4)

@@ -1,0 +1,42 @@
+# Two entry points for a fresh Linux machine (see README):
+#   make quickstart   install, pretrain VICReg on Fashion-MNIST, evaluate beside raw pixels
+#   make test         install, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+FMNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: install data quickstart test test-slow clean
+
+install: $(VENV)/.installed
+
+# torch first (CPU wheel), then the package with torch pinned so nothing pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[test]" $(TORCH)
+	touch $@
+
+# Fashion-MNIST from the Debian package, where apt is available (root or sudo).
+data:
+	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+	fi; \
+	[ -f $(FMNIST)/train-images-idx3-ubyte.gz ] || { echo "Fashion-MNIST not found in $(FMNIST): install the Debian package dataset-fashion-mnist, or put the IDX files in a folder and pass data.root=<folder>"; exit 1; }
+
+quickstart: install data
+	$(VENV)/bin/selfsup pretrain configs/fashion_mnist/quickstart.yaml
+	$(VENV)/bin/selfsup eval all runs/quickstart --compare raw
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs/quickstart

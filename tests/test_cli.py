@@ -1,0 +1,152 @@
+"""End-to-end CLI: pretrain -> resume -> eval/embed/bench on scikit-learn's 8x8 digits (fast, offline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from selfsup.cli import main
+
+TINY = """
+method: {name: vicreg, expander: [64, 64]}
+data: {dataset: digits}
+views:
+  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
+  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
+model:
+  backbone: resnet
+  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
+optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
+trainer: {epochs: 2, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 4, progress: false}
+eval: {linear_epochs: 5, lowshot_shots: [1, 5], lowshot_splits: 2, cluster_n_init: 1}
+"""
+
+
+def write_config(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    return path
+
+
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_pretrain_writes_run_directory_and_eval_prints_json(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(write_config(tmp_path)), f"trainer.out={run}"]) == 0
+    for name in ("config.yaml", "metrics.csv", "checkpoints/last.pt", "backbone.safetensors", "backbone.json"):
+        assert (run / name).is_file(), name
+    assert list((run / "plots").glob("loss.png"))
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("step,epoch,lr,loss,invariance")
+    assert len(rows) > 2
+
+    capsys.readouterr()
+    assert main(["eval", "knn", str(run)]) == 0
+    knn = last_json(capsys)
+    assert 10.0 < knn["knn_top1"] <= 100.0
+
+    assert main(["eval", "all", str(run), "--compare", "raw,random"]) == 0
+    result = last_json(capsys)
+    for key in ("knn_top1", "raw_knn_top1", "random_knn_top1", "linear_top1", "raw_linear_top1",
+                "lowshot_1shot_mean", "lowshot_5shot_mean", "cluster_acc", "raw_cluster_nmi"):
+        assert key in result, key
+    assert result["raw_knn_top1"] > 90  # raw 8x8 digits are easy for kNN
+
+
+def test_rerun_of_finished_run_is_a_noop_and_changed_config_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path)
+    assert main(["pretrain", str(cfg), f"trainer.out={run}"]) == 0
+    before = load_file(run / "backbone.safetensors")
+    assert main(["pretrain", str(run)]) == 0  # resume a finished run: nothing to train
+    after = load_file(run / "backbone.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert main(["pretrain", str(cfg), f"trainer.out={run}", "optim.lr=0.5"]) == 2
+    assert "different config" in capsys.readouterr().err
+
+
+def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
+    """SIGKILL a pretraining process after its first checkpoint, resume it, compare with an uninterrupted run."""
+    cfg = write_config(tmp_path)
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert main(["pretrain", str(cfg), f"trainer.out={reference}"]) == 0
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", "import sys, torch; torch.set_num_threads(1); from selfsup.cli import main; "
+           "sys.exit(main(sys.argv[1:]))", "pretrain", str(cfg), f"trainer.out={resumed}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = resumed / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    step = torch.load(ckpt, weights_only=True)["step"]
+    assert 0 < step < 46
+    assert not (resumed / "backbone.safetensors").exists()
+
+    assert main(["pretrain", str(resumed)]) == 0
+    a, b = load_file(reference / "backbone.safetensors"), load_file(resumed / "backbone.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_bad_config_fails_before_work_naming_the_key(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert main(["pretrain", str(cfg), "optim.lrr=0.1", f"trainer.out={tmp_path / 'x'}"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lrr" in err and "allowed keys" in err
+    assert main(["pretrain", str(cfg), "optim.name=adamx", f"trainer.out={tmp_path / 'x'}"]) == 2
+    assert "adamw" in capsys.readouterr().err
+    assert main(["pretrain", str(cfg), "method.name=simclr", f"trainer.out={tmp_path / 'x'}"]) == 2
+    assert "vicreg" in capsys.readouterr().err
+    assert main(["pretrain", str(cfg), "views.0.params.crop_scalez=1", f"trainer.out={tmp_path / 'x'}"]) == 2
+    assert "crop_scalez" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_corrupt_checkpoint_is_reported_not_overwritten(tmp_path, capsys):
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "last.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"not a checkpoint")
+    assert main(["pretrain", str(write_config(tmp_path)), f"trainer.out={run}"]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    assert ckpt.read_bytes() == b"not a checkpoint"
+
+
+def test_embed_and_bench(tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path)
+    assert main(["pretrain", str(cfg), f"trainer.out={run}", "trainer.epochs=0.5"]) == 0
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    (images / "broken.jpg").write_bytes(b"garbage")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        assert main(["embed", str(run), str(images), str(tmp_path / "out.npy")]) == 0
+    summary = last_json(capsys)
+    feats = np.load(tmp_path / "out.npy")
+    assert feats.shape == (5, 16) and summary["skipped"] == 1
+
+    assert main(["bench", str(cfg), "--steps", "2", "--warmup", "1"]) == 0
+    b = last_json(capsys)
+    assert b["train_images_per_s"] > 0 and b["augment_images_per_s"] > 0 and b["peak_memory_mib"] > 0

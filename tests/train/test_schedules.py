@@ -1,0 +1,64 @@
+"""Per-step schedules: linear warm-up + half cosine (DINO's scheduler), linear ramps, MSN's stretched schedules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from selfsup.train.schedules import constant_schedule, cosine_schedule, linear_schedule, stretched
+
+
+def test_cosine_schedule_hand_values_with_warmup() -> None:
+    s = cosine_schedule(1.0, 0.1, total_steps=10, warmup_steps=3, warmup_start=0.4)
+    assert len(s) == 10
+    np.testing.assert_allclose(s[:3], [0.4, 0.6, 0.8])  # linear from warmup_start, start not yet reached
+    expected = [0.1 + 0.5 * 0.9 * (1 + math.cos(math.pi * t / 7)) for t in range(7)]
+    np.testing.assert_allclose(s[3:], expected, rtol=1e-12)
+    assert s[3] == pytest.approx(1.0)  # the start value right at the end of warm-up
+
+
+def test_cosine_schedule_monotonic_and_approaches_end() -> None:
+    s = cosine_schedule(0.5, 0.01, total_steps=200, warmup_steps=20)
+    assert s[0] == 0.0
+    assert np.all(np.diff(s[:21]) > 0)  # increasing warm-up up to the peak
+    assert s.max() == pytest.approx(0.5) and int(np.argmax(s)) == 20
+    assert np.all(np.diff(s[20:]) < 0)  # strictly decreasing cosine
+    assert s.min() > 0.01 and s[-1] == pytest.approx(0.01, abs=0.49 * (1 - math.cos(math.pi / 180)) / 2 + 1e-12)
+    assert abs(s[-1] - 0.01) < abs(s[-2] - 0.01)
+
+
+def test_cosine_schedule_increasing_for_momentum() -> None:
+    s = cosine_schedule(0.996, 1.0, total_steps=50)
+    assert s[0] == pytest.approx(0.996)
+    assert np.all(np.diff(s) > 0) and s[-1] < 1.0 and s[-1] > 0.9999
+
+
+def test_cosine_schedule_edge_cases() -> None:
+    assert len(cosine_schedule(1.0, 0.0, total_steps=5, warmup_steps=10)) == 5  # warm-up clipped to the run
+    np.testing.assert_allclose(cosine_schedule(1.0, 0.0, total_steps=4, warmup_steps=4), [0, 0.25, 0.5, 0.75])
+    np.testing.assert_allclose(cosine_schedule(2.0, 0.0, total_steps=1), [2.0])
+    with pytest.raises(ValueError):
+        cosine_schedule(1.0, 0.0, total_steps=0)
+
+
+def test_constant_schedule() -> None:
+    np.testing.assert_allclose(constant_schedule(0.3, 6, warmup_steps=2), [0.0, 0.15, 0.3, 0.3, 0.3, 0.3])
+
+
+def test_linear_schedule() -> None:
+    np.testing.assert_allclose(linear_schedule(0.0, 1.0, 4), [0.0, 0.25, 0.5, 0.75])
+    np.testing.assert_allclose(linear_schedule(0.04, 0.4, 3), [0.04, 0.16, 0.28])
+    assert len(linear_schedule(0.0, 1.0, 0)) == 0
+
+
+def test_stretched_msn_momentum_never_reaches_final_value() -> None:
+    # MSN: momentum 0.996 -> 1 computed over 1.25x the training steps; only the first steps are used.
+    s = stretched(linear_schedule, 8, 1.25, 0.996, 1.0)
+    assert len(s) == 8
+    np.testing.assert_allclose(s, 0.996 + 0.004 * np.arange(8) / 10, rtol=1e-12)
+    assert s[-1] == pytest.approx(0.9988) and s.max() < 1.0
+    c = stretched(cosine_schedule, 100, 1.25, 0.04, 0.4)  # MSN weight decay 0.04 -> 0.4
+    np.testing.assert_allclose(c, cosine_schedule(0.04, 0.4, 125)[:100])
+    assert c[-1] < 0.4 - 0.05
