@@ -84,6 +84,7 @@ class TrainerConfig:
     strategy: Literal["auto", "ddp", "ddp_spawn"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
+    channels_last: bool = True  # NHWC memory format: 2-4x faster convolutions on CPU (oneDNN)
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads on CPU; None = torch default
     log_every_steps: int = 20

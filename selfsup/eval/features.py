@@ -43,14 +43,19 @@ def as_feature_tensor(feats: ArrayLike, name: str = "features") -> torch.Tensor:
     return feats
 
 
-def as_label_tensor(labels: ArrayLike, num_samples: int, name: str = "labels") -> torch.Tensor:
-    """Return ``labels`` as a 1-D int64 CPU tensor of non-negative class indices, or raise."""
+def as_label_tensor(labels: ArrayLike, num_samples: int | None = None, name: str = "labels") -> torch.Tensor:
+    """Return ``labels`` as a 1-D int64 CPU tensor of non-negative class indices, or raise.
+
+    ``num_samples``, when given, is the number of feature rows the labels must match.
+    """
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"{name} must be 1-D (N,), got shape {labels.shape}; pass one class index per sample.")
-    if labels.shape[0] != num_samples:
+    if labels.shape[0] == 0:
+        raise ValueError(f"{name} is empty; pass at least one labelled sample.")
+    if num_samples is not None and labels.shape[0] != num_samples:
         raise ValueError(
             f"{name} has {labels.shape[0]} entries but the features have {num_samples} rows; "
             "pass exactly one label per feature row."
@@ -63,7 +68,7 @@ def as_label_tensor(labels: ArrayLike, num_samples: int, name: str = "labels") -
                 f"{name} must hold integer class indices, got dtype {labels.dtype}; "
                 "map class names to 0..C-1 first."
             )
-    if labels.size and labels.min() < 0:
+    if labels.min() < 0:
         raise ValueError(f"{name} contains negative class indices (min {labels.min()}); use indices 0..C-1.")
     return torch.from_numpy(labels.astype(np.int64))
 

@@ -49,7 +49,7 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
 def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
     """Concatenate ``x`` along dim 0 over all processes, without gradients (queues, monitors)."""
     if not is_distributed():
-        return x
+        return x.detach()  # no gradient on one process either, as the docstring promises
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=0)
@@ -58,7 +58,7 @@ def gather_no_grad(x: torch.Tensor) -> torch.Tensor:
 def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over processes (no gradient through the reduction); identity on one process."""
     if not is_distributed():
-        return x
+        return x.detach()
     x = x.detach().clone()
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x / dist.get_world_size()

@@ -253,6 +253,8 @@ def pretrain(cfg: Config) -> Path:
         method.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_step = int(state["step"])
+    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+    method = method.to(memory_format=memory_format)
     raw_method = method
     method, optimizer = fabric.setup(method, optimizer)
     device = fabric.device
@@ -282,7 +284,7 @@ def pretrain(cfg: Config) -> Path:
         while step < total_steps:
             torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
             batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
-            views = [augment(batch) for augment in augmenters]
+            views = [augment(batch).contiguous(memory_format=memory_format) for augment in augmenters]
             for group in optimizer.param_groups:
                 group["lr"] = float(lr_schedule[step])
                 group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0

@@ -25,7 +25,7 @@ def test_cosine_schedule_monotonic_and_approaches_end() -> None:
     assert np.all(np.diff(s[:21]) > 0)  # increasing warm-up up to the peak
     assert s.max() == pytest.approx(0.5) and int(np.argmax(s)) == 20
     assert np.all(np.diff(s[20:]) < 0)  # strictly decreasing cosine
-    assert s.min() > 0.01 and s[-1] == pytest.approx(0.01, abs=0.49 * (1 - math.cos(math.pi / 180)) / 2 + 1e-12)
+    assert s[20:].min() > 0.01 and s[-1] == pytest.approx(0.01, abs=0.49 * (1 - math.cos(math.pi / 180)) / 2 + 1e-12)
     assert abs(s[-1] - 0.01) < abs(s[-2] - 0.01)
 
 
@@ -61,4 +61,4 @@ def test_stretched_msn_momentum_never_reaches_final_value() -> None:
     assert s[-1] == pytest.approx(0.9988) and s.max() < 1.0
     c = stretched(cosine_schedule, 100, 1.25, 0.04, 0.4)  # MSN weight decay 0.04 -> 0.4
     np.testing.assert_allclose(c, cosine_schedule(0.04, 0.4, 125)[:100])
-    assert c[-1] < 0.4 - 0.05
+    assert c[-1] < 0.4 - 0.03

@@ -1,0 +1,114 @@
+"""Linear probe: batched Adam heads, held-out selection on train only, retrain, test top-1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from selfsup.eval.linear import _train_heads, linear_probe, stratified_holdout
+
+
+def _blobs(per_class: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three well separated Gaussian blobs in 5-D (centres 6 apart, unit noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = 6.0 * torch.eye(3, 5)
+    labels = torch.arange(3).repeat_interleave(per_class)
+    return centres[labels] + torch.randn(labels.shape[0], 5, generator=gen), labels
+
+
+def _reference_adam(
+    x: torch.Tensor, y: torch.Tensor, lr: float, wd: float, epochs: int, batch: int, smoothing: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.optim.Adam + cosine schedule + autograd CE, same mini-batch order as _train_heads."""
+    num_classes = int(y.max()) + 1
+    weight = torch.zeros(x.shape[1], num_classes, requires_grad=True)
+    bias = torch.zeros(num_classes, requires_grad=True)
+    opt = torch.optim.Adam([{"params": [weight], "weight_decay": wd}, {"params": [bias], "weight_decay": 0.0}], lr=lr)
+    total = epochs * math.ceil(x.shape[0] / batch)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(x.shape[0], generator=gen)
+        for start in range(0, x.shape[0], batch):
+            idx = order[start : start + batch]
+            loss = F.cross_entropy(x[idx] @ weight + bias, y[idx], label_smoothing=smoothing)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    return weight.detach(), bias.detach()
+
+
+def test_batched_heads_equal_torch_adam_with_cosine_schedule() -> None:
+    x, y = _blobs(7, seed=1)
+    lrs, wds = [0.05, 0.2], [0.0, 0.3]
+    weight, bias = _train_heads(x, y, torch.tensor(lrs), torch.tensor(wds), 3, 3, 4, 0.1, seed=5)
+    for g, (lr, wd) in enumerate(zip(lrs, wds)):
+        ref_w, ref_b = _reference_adam(x, y, lr, wd, epochs=3, batch=4, smoothing=0.1, seed=5)
+        torch.testing.assert_close(weight[:, 3 * g : 3 * g + 3], ref_w, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(bias[3 * g : 3 * g + 3], ref_b, atol=1e-5, rtol=1e-4)
+
+
+def test_separable_blobs_reach_100_percent() -> None:
+    train_x, train_y = _blobs(40, seed=0)
+    test_x, test_y = _blobs(20, seed=1)
+    result = linear_probe(train_x, train_y, test_x, test_y, epochs=10, batch_size=16)
+    assert result["top1"] == 100.0 and result["top5"] == 100.0 and result["val_top1"] == 100.0
+    assert set(result) == {"top1", "top5", "val_top1", "best_lr", "best_wd"}
+    smoothed = linear_probe(train_x, train_y, test_x, test_y, epochs=10, batch_size=16, label_smoothing=0.1)
+    assert smoothed["top1"] == 100.0
+
+
+def test_selection_never_reads_test_data() -> None:
+    # Overlapping blobs so that the grid entries really differ on validation data.
+    gen = torch.Generator().manual_seed(0)
+    train_x, train_y = torch.randn(90, 5, generator=gen), torch.arange(3).repeat(30)
+    train_x[:, 0] += train_y.float()
+    test_x, test_y = torch.randn(30, 5, generator=gen), torch.arange(3).repeat(10)
+    kwargs = dict(lrs=(1e-3, 1e-1), weight_decays=(0.0, 1.0), epochs=5, batch_size=8)
+    honest = linear_probe(train_x, train_y, test_x, test_y, **kwargs)
+    wrong = linear_probe(train_x, train_y, -test_x, (test_y + 1) % 3, **kwargs)
+    for key in ("best_lr", "best_wd", "val_top1"):
+        assert honest[key] == wrong[key]
+    assert honest["top1"] != wrong["top1"]
+
+
+def test_deterministic_for_a_seed() -> None:
+    train_x, train_y = _blobs(20, seed=0)
+    test_x, test_y = _blobs(10, seed=1)
+    runs = [linear_probe(train_x, train_y, test_x, test_y, epochs=3, batch_size=8, seed=3) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("normalize", ["standardize", "l2", "none"])
+def test_normalizations_run(normalize: str) -> None:
+    train_x, train_y = _blobs(20, seed=0)
+    test_x, test_y = _blobs(10, seed=1)
+    result = linear_probe(train_x.numpy(), train_y.numpy(), test_x, test_y, epochs=5, batch_size=8, normalize=normalize)
+    assert result["top1"] == 100.0
+
+
+def test_stratified_holdout_counts() -> None:
+    labels = np.array([0] * 10 + [1] * 5 + [2])
+    fit, val = stratified_holdout(labels, 0.2, seed=0)
+    # round-half-up(0.2 * n_c) per class, but a singleton class stays in the fit part.
+    assert np.bincount(labels[val], minlength=3).tolist() == [2, 1, 0]
+    assert sorted(np.concatenate([fit, val]).tolist()) == list(range(16))
+    again_fit, again_val = stratified_holdout(labels, 0.2, seed=0)
+    assert np.array_equal(val, again_val) and np.array_equal(fit, again_fit)
+
+
+def test_bad_arguments_fail_clearly() -> None:
+    x, y = _blobs(5, seed=0)
+    with pytest.raises(ValueError, match="val_fraction"):
+        linear_probe(x, y, x, y, val_fraction=1.0)
+    with pytest.raises(ValueError, match="lrs is empty"):
+        linear_probe(x, y, x, y, lrs=())
+    with pytest.raises(ValueError, match="normalize"):
+        linear_probe(x, y, x, y, normalize="batchnorm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no validation samples"):
+        linear_probe(x[:3], torch.tensor([0, 1, 2]), x, y)

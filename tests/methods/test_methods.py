@@ -1,0 +1,121 @@
+"""VICReg, Barlow Twins and BYOL training steps on a tiny ResNet: wiring, gradients, BYOL's EMA target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfsup.losses.barlow import barlow_twins_loss
+from selfsup.losses.byol import byol_loss
+from selfsup.losses.vicreg import vicreg_loss
+from selfsup.methods import build_method
+from selfsup.models import build_backbone
+
+SPECS = {
+    "vicreg": {"name": "vicreg", "expander": [32, 32]},
+    "barlow_twins": {"name": "barlow_twins", "projector": [32, 32], "lambd": 0.01},
+    "byol": {"name": "byol", "projector": [32, 16], "predictor": [32, 16]},
+}
+
+
+def _backbone():
+    return build_backbone("resnet", block="basic", layers=[1, 1, 1, 1], width=8, small_stem=True, in_channels=1)
+
+
+def _method(name: str, total_steps: int = 100):
+    torch.manual_seed(0)
+    return build_method(SPECS[name], _backbone(), total_steps)
+
+
+def _views(n: int = 2):
+    g = torch.Generator().manual_seed(1)
+    return [torch.rand(8, 1, 16, 16, generator=g) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_forward_gives_finite_scalar_loss_and_backbone_gradients(name: str) -> None:
+    method = _method(name).train()
+    out = method(_views())
+    assert out.loss.ndim == 0 and torch.isfinite(out.loss)
+    assert out.embeddings is not None and out.embeddings.shape[0] == 8 and not out.embeddings.requires_grad
+    out.loss.backward()
+    grads = [p.grad for p in method.backbone.parameters()]
+    assert all(g is not None for g in grads)
+    assert sum(g.abs().sum().item() for g in grads) > 0
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_wrong_number_of_views_raises(name: str) -> None:
+    method = _method(name)
+    with pytest.raises(ValueError, match="2 views"):
+        method(_views(3))
+    with pytest.raises(ValueError):
+        method(_views(1))
+
+
+def test_vicreg_step_is_the_vicreg_loss_of_the_expanded_views() -> None:
+    method = _method("vicreg").train()
+    views = _views()
+    out = method(views)
+    z_a, z_b = (method.expander(method.backbone(v)) for v in views)
+    assert z_a.shape == (8, 32)
+    expected, terms = vicreg_loss(z_a, z_b)
+    torch.testing.assert_close(out.loss, expected)
+    assert set(out.terms) == {"invariance", "variance", "covariance"}
+    torch.testing.assert_close(out.embeddings, z_a.detach())
+
+
+def test_barlow_step_uses_configured_lambda() -> None:
+    method = _method("barlow_twins").train()
+    views = _views()
+    out = method(views)
+    z_a, z_b = (method.projector(method.backbone(v)) for v in views)
+    torch.testing.assert_close(out.loss, barlow_twins_loss(z_a, z_b, 0.01)[0])
+    assert not torch.allclose(out.loss, barlow_twins_loss(z_a, z_b, 0.0051)[0])
+
+
+def test_byol_symmetrised_loss_and_frozen_target() -> None:
+    method = _method("byol").train()
+    views = _views()
+    out = method(views)
+    p = [method.predictor(method.projector(method.backbone(v))) for v in views]
+    t = [method.target(v) for v in views]
+    torch.testing.assert_close(out.loss, byol_loss(p[0], t[1]) + byol_loss(p[1], t[0]))
+    out.loss.backward()
+    assert all(not q.requires_grad and q.grad is None for q in method.target.parameters())
+    assert all(q.grad is not None for q in method.predictor.parameters())
+    # The target is a separate copy of backbone + projector, not shared with the online network.
+    online = list(method.backbone.parameters()) + list(method.projector.parameters())
+    target = list(method.target.parameters())
+    assert len(online) == len(target)
+    assert not {q.data_ptr() for q in online} & {q.data_ptr() for q in target}
+
+
+def test_byol_after_step_moves_target_by_the_momentum_schedule() -> None:
+    method = _method("byol", total_steps=10).train()
+    online_w = method.backbone.stem[0].weight
+    target_w = method.target.module[0].stem[0].weight
+    torch.testing.assert_close(online_w, target_w)  # starts as a copy
+    with torch.no_grad():
+        for q in list(method.backbone.parameters()) + list(method.projector.parameters()):
+            q.add_(torch.randn_like(q))
+    for step in (0, 4):
+        t0, s = target_w.detach().clone(), online_w.detach().clone()
+        m = float(method.momentum[step])
+        method.after_step(step)
+        torch.testing.assert_close(target_w.detach(), m * t0 + (1 - m) * s, rtol=1e-6, atol=1e-7)
+        assert (target_w - t0).abs().max() > 0
+    assert method.momentum[0] == pytest.approx(0.996) and method.momentum[4] > 0.996
+    # A step past the schedule's end uses the last value instead of failing.
+    method.after_step(10_000)
+
+
+def test_byol_momentum_schedule() -> None:
+    total = 200
+    m = _method("byol", total_steps=total).momentum
+    assert len(m) == total
+    assert m[0] == pytest.approx(0.996) and 0.99999 < m[-1] < 1.0
+    assert all(a <= b for a, b in zip(m[:-1], m[1:]))
+    k = torch.arange(total, dtype=torch.float64)
+    tau = 1 - (1 - 0.996) * (torch.cos(torch.pi * k / total) + 1) / 2  # BYOL Sec. 3.2
+    torch.testing.assert_close(torch.as_tensor(m, dtype=torch.float64), tau)

@@ -1,0 +1,162 @@
+"""Typed configuration: defaults, YAML ``_base_`` composition, ``key=value`` overrides, errors naming keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from selfsup.config import Config, ConfigError, load_config, parse_overrides
+from selfsup.methods import METHODS, method_config
+from selfsup.methods.byol import BYOLConfig
+from selfsup.methods.vicreg import VICReg, VICRegConfig
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    cfg = load_config()
+    assert cfg == Config()
+    assert cfg.method == {"name": "vicreg"}
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == 1e-3
+    assert cfg.trainer.devices == 1 and cfg.trainer.batch_size == 256
+    assert [v.num for v in cfg.views] == [1, 1] and cfg.views[0].preset == "simclr"
+
+
+def test_yaml_with_base_composition(tmp_path: Path) -> None:
+    _write(tmp_path / "presets" / "base.yaml", """
+optim: {name: sgd, lr: 0.5, momentum: 0.8}
+trainer: {epochs: 2, batch_size: 64}
+method: {name: byol, momentum: 0.99}
+views:
+  - {preset: simclr, num: 1}
+  - {preset: simclr, num: 1}
+  - {preset: simclr, num: 6, size: 12}
+""")
+    _write(tmp_path / "presets" / "data.yaml", "data: {dataset: cifar10, image_size: 32}\n")
+    child = _write(tmp_path / "run.yaml", """
+_base_: [presets/base.yaml, presets/data.yaml]
+optim: {lr: 0.1}
+method: {momentum_end: 0.999}
+views:
+  - {preset: simclr, num: 2}
+""")
+    cfg = load_config(child)
+    assert cfg.optim.name == "sgd" and cfg.optim.lr == 0.1 and cfg.optim.momentum == 0.8  # mappings merge
+    assert cfg.trainer.epochs == 2.0 and cfg.trainer.batch_size == 64
+    assert cfg.method == {"name": "byol", "momentum": 0.99, "momentum_end": 0.999}
+    assert cfg.data.dataset == "cifar10" and cfg.data.image_size == 32
+    assert len(cfg.views) == 1 and cfg.views[0].num == 2  # lists replace
+    # A single-string _base_ and a chain of bases.
+    mid = _write(tmp_path / "mid.yaml", "_base_: presets/base.yaml\ntrainer: {epochs: 5}\n")
+    top = _write(tmp_path / "top.yaml", f"_base_: {mid.name}\noptim: {{lr: 0.2}}\n")
+    cfg = load_config(top)
+    assert (cfg.trainer.epochs, cfg.trainer.batch_size, cfg.optim.lr, cfg.optim.name) == (5.0, 64, 0.2, "sgd")
+
+
+def test_overrides() -> None:
+    cfg = load_config(overrides=["optim.lr=0.1", "views.0.num=4", "trainer.devices=2", "method.name=byol",
+                                 "data.mean=[0.5]", "trainer.max_steps=null"])
+    assert cfg.optim.lr == 0.1 and isinstance(cfg.optim.lr, float)
+    assert [v.num for v in cfg.views] == [4, 1]
+    assert cfg.trainer.devices == 2
+    assert cfg.method["name"] == "byol"
+    assert cfg.data.mean == [0.5] and cfg.trainer.max_steps is None
+
+
+def test_overrides_win_over_yaml_and_edit_yaml_views(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.yaml", "optim: {lr: 0.3}\nviews:\n  - {num: 2}\n  - {num: 3, size: 8}\n")
+    cfg = load_config(path, ["optim.lr=0.01", "views.1.num=5"])
+    assert cfg.optim.lr == 0.01
+    assert [(v.num, v.size) for v in cfg.views] == [(2, None), (5, 8)]
+
+
+def test_parse_overrides_nested() -> None:
+    assert parse_overrides(["a.b.c=1", "a.b.d=x", "e=[1, 2]"]) == {"a": {"b": {"c": 1, "d": "x"}}, "e": [1, 2]}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["optim.lr"])
+
+
+def test_unknown_key_names_the_key_and_allowed_keys() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["optim.lrr=0.1"])
+    msg = str(err.value)
+    assert "optim.lrr" in msg and "lr" in msg and "weight_decay" in msg and "lars_eta" in msg
+    with pytest.raises(ConfigError, match="'trainr'.*trainer"):
+        load_config(overrides=["trainr.epochs=1"])
+
+
+def test_unknown_key_in_yaml(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bad.yaml", "trainer: {epoch: 3}\n")
+    with pytest.raises(ConfigError, match="trainer.epoch"):
+        load_config(path)
+
+
+def test_bad_literal_lists_allowed_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["optim.name=adamx"])
+    msg = str(err.value)
+    assert "optim.name" in msg and "adamx" in msg and "adamw, adam, sgd, lars" in msg
+    with pytest.raises(ConfigError, match="32-true"):
+        load_config(overrides=["trainer.precision=fp8"])
+
+
+def test_wrong_types() -> None:
+    with pytest.raises(ConfigError, match="trainer.epochs"):
+        load_config(overrides=["trainer.epochs=abc"])
+    with pytest.raises(ConfigError, match="trainer.devices"):
+        load_config(overrides=["trainer.devices=1.5"])
+    with pytest.raises(ConfigError, match="trainer.devices"):
+        load_config(overrides=["trainer.devices=true"])  # a bool is not an int here
+    with pytest.raises(ConfigError, match="trainer.max_steps"):
+        load_config(overrides=["trainer.max_steps=abc"])
+    with pytest.raises(ConfigError, match=r"optim.betas.1"):
+        load_config(overrides=["optim.betas=[0.9, x]"])
+    with pytest.raises(ConfigError, match="model.params"):
+        load_config(overrides=["model.params=3"])
+
+
+def test_int_accepted_for_float() -> None:
+    cfg = load_config(overrides=["trainer.epochs=3", "optim.lr=1"])
+    assert cfg.trainer.epochs == 3.0 and type(cfg.trainer.epochs) is float
+    assert type(cfg.optim.lr) is float
+
+
+def test_views_override_index_out_of_range() -> None:
+    with pytest.raises(ConfigError, match="views.5"):
+        load_config(overrides=["views.5.num=2"])
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_write(tmp_path / "list.yaml", "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(_write(tmp_path / "b.yaml", "_base_: missing.yaml\n"))
+
+
+def test_method_config_validates_method_params() -> None:
+    cls, cfg = method_config({"name": "vicreg", "expander": [32, 32], "sim_weight": 10})
+    assert cls is VICReg and cfg == VICRegConfig(expander=[32, 32], sim_weight=10.0)
+    _, cfg = method_config({"name": "byol"})
+    assert cfg == BYOLConfig()
+    with pytest.raises(ConfigError) as err:
+        method_config({"name": "vicreg", "foo": 1})
+    assert "method.foo" in str(err.value) and "expander" in str(err.value)
+    with pytest.raises(ConfigError, match="method.momentum"):
+        method_config({"name": "byol", "momentum": "high"})
+
+
+def test_unknown_method_lists_allowed_methods() -> None:
+    with pytest.raises(ConfigError) as err:
+        method_config({"name": "simclr"})
+    msg = str(err.value)
+    assert "simclr" in msg and all(name in msg for name in METHODS)
+    assert {"vicreg", "barlow_twins", "byol"} <= set(METHODS)
+    with pytest.raises(ConfigError, match="method.name"):
+        method_config({"expander": [8]})

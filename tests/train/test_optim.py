@@ -1,0 +1,103 @@
+"""Parameter groups (no decay on biases / norms / opted-out tensors), LARS by hand, the optimiser factory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from selfsup.config import OptimConfig
+from selfsup.train.optim import LARS, build_optimizer, parameter_groups
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.ln = nn.LayerNorm(4)
+        self.prototypes = nn.Parameter(torch.randn(5, 4))
+        self.prototypes._no_weight_decay = True
+        self.conv = nn.Conv2d(1, 2, 3, bias=False)
+        self.frozen = nn.Linear(2, 2)
+        self.frozen.requires_grad_(False)
+
+
+def _ids(params) -> set[int]:
+    return {id(p) for p in params}
+
+
+def test_parameter_groups_split() -> None:
+    net = _Net()
+    groups = parameter_groups(net)
+    assert len(groups) == 2
+    decay, no_decay = groups
+    assert decay["apply_weight_decay"] and decay["apply_lars"]
+    assert not no_decay["apply_weight_decay"] and not no_decay["apply_lars"]
+    assert _ids(decay["params"]) == _ids([net.fc.weight, net.conv.weight])
+    assert _ids(no_decay["params"]) == _ids([net.fc.bias, net.norm.weight, net.norm.bias, net.ln.weight,
+                                             net.ln.bias, net.prototypes])
+    assert not _ids(net.frozen.parameters()) & (_ids(decay["params"]) | _ids(no_decay["params"]))
+
+
+def test_parameter_groups_drops_empty_group() -> None:
+    groups = parameter_groups(nn.Linear(3, 2, bias=False))
+    assert len(groups) == 1 and groups[0]["apply_weight_decay"]
+
+
+def test_lars_step_matches_hand_computation() -> None:
+    w = nn.Parameter(torch.tensor([[3.0, 4.0]], dtype=torch.float64))  # ||w|| = 5
+    b = nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    opt = LARS([{"params": [w], "apply_lars": True}, {"params": [b], "apply_lars": False}],
+               lr=0.5, weight_decay=0.1, momentum=0.9, eta=0.02)
+    w.grad = torch.tensor([[0.6, 0.8]], dtype=torch.float64)
+    b.grad = torch.tensor([2.0], dtype=torch.float64)
+    opt.step()
+    # update = g + wd * w = [0.9, 1.2] (norm 1.5); trust = 0.02 * 5 / 1.5 = 1/15; scaled update = [0.06, 0.08]
+    torch.testing.assert_close(w.detach(), torch.tensor([[3.0 - 0.5 * 0.06, 4.0 - 0.5 * 0.08]], dtype=torch.float64))
+    # no LARS (and no weight decay) for the bias group: plain SGD step 1 - 0.5 * 2
+    torch.testing.assert_close(b.detach(), torch.tensor([0.0], dtype=torch.float64))
+
+    w.grad = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    b.grad = torch.tensor([1.0], dtype=torch.float64)
+    opt.step()
+    w1 = torch.tensor([2.97, 3.96], dtype=torch.float64)
+    u = torch.tensor([0.0, 1.0], dtype=torch.float64) + 0.1 * w1
+    trust = 0.02 * math.sqrt(2.97**2 + 3.96**2) / u.norm().item()
+    buf = 0.9 * torch.tensor([0.06, 0.08], dtype=torch.float64) + trust * u
+    torch.testing.assert_close(w.detach()[0], w1 - 0.5 * buf)
+    torch.testing.assert_close(b.detach(), torch.tensor([0.0 - 0.5 * (0.9 * 2.0 + 1.0)], dtype=torch.float64))
+
+
+def test_lars_zero_weight_uses_trust_one() -> None:
+    w = nn.Parameter(torch.zeros(2, 2))
+    opt = LARS([w], lr=0.1, weight_decay=0.0, momentum=0.9, eta=0.02)
+    w.grad = torch.ones(2, 2)
+    opt.step()
+    torch.testing.assert_close(w.detach(), torch.full((2, 2), -0.1))
+
+
+@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam),
+                                      ("sgd", torch.optim.SGD), ("lars", LARS)])
+def test_build_optimizer(name: str, cls: type) -> None:
+    net = _Net()
+    cfg = OptimConfig(name=name, lr=0.05, weight_decay=0.01, betas=[0.8, 0.95], momentum=0.7, lars_eta=0.005)
+    opt = build_optimizer(net, cfg)
+    assert type(opt) is cls
+    assert len(opt.param_groups) == 2
+    assert [g["apply_weight_decay"] for g in opt.param_groups] == [True, False]
+    for g in opt.param_groups:
+        assert g["lr"] == 0.05
+        if name in ("adamw", "adam"):
+            assert tuple(g["betas"]) == (0.8, 0.95)
+        else:
+            assert g["momentum"] == 0.7
+        if name == "lars":
+            assert g["eta"] == 0.005
+    before = net.fc.weight.detach().clone()
+    loss = net.ln(net.norm(net.fc(torch.randn(4, 3)))).pow(2).sum() + net.prototypes.sum() + net.conv.weight.sum()
+    loss.backward()
+    opt.step()
+    assert not torch.equal(before, net.fc.weight.detach())
