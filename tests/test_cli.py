@@ -150,3 +150,16 @@ def test_embed_and_bench(tmp_path, capsys):
     assert main(["bench", str(cfg), "--steps", "2", "--warmup", "1"]) == 0
     b = last_json(capsys)
     assert b["train_images_per_s"] > 0 and b["augment_images_per_s"] > 0 and b["peak_memory_mib"] > 0
+
+
+def test_two_process_ddp_run_on_cpu(tmp_path):
+    """``trainer.devices=2`` on CPU: Fabric launches 2 gloo processes, each on half of the global batch."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "selfsup.cli", "pretrain", str(write_config(tmp_path)), f"trainer.out={run}",
+           "trainer.devices=2", "trainer.accelerator=cpu", "trainer.epochs=0.5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cpu x2" in proc.stderr
+    assert (run / "backbone.safetensors").is_file()
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 11  # 1500 // 64 // 2

@@ -4,17 +4,18 @@ Protocol:
 1. Split the *training* set into a fit part and a seeded, class-stratified validation part.
 2. Train one softmax-regression head per (lr, weight decay) pair on the fit part and keep the
    pair with the best validation top-1 (ties: lower validation cross-entropy, then grid order).
-   The test set is never read before step 3.
+   Test features and labels play no part in this choice.
 3. Retrain with the chosen pair on the whole training set and report test top-1 / top-5.
 
-All heads of the grid train at once as the column blocks of one ``(D, G*C)`` matrix, as MAE-CT trains its
-10 learning rates as parallel heads on the same frozen features (MAE-CT App. B). The optimiser
-is mini-batch Adam with a cosine learning-rate schedule to zero and an L2 penalty on the weights
-(``weight_decay`` added to the gradient, as ``torch.optim.Adam`` does), the recipe of the
-multi-view small-projector paper (001, App. D: Adam, lr 1e-3, wd 1e-6, label smoothing 0.1 in
-its code). Heads start at zero, so the result depends on the seed only through the split and
-the mini-batch order. Features are standardised with the fit part's per-dimension mean / std
-by default; this is MAE-CT's non-affine BatchNorm before the head, with its statistics frozen.
+All heads of the grid train at once, as the column blocks of one ``(D, G*C)`` matrix, the way
+MAE-CT trains its 10 learning rates as parallel heads on the same frozen features (MAE-CT
+App. B). The optimiser is mini-batch Adam with a cosine learning-rate schedule to zero and an L2
+penalty on the weights (``weight_decay`` added to the gradient, as ``torch.optim.Adam`` does; the
+bias is not decayed): the probe recipe of the multi-view small-projector paper (001 App. D: Adam,
+lr 1e-3, wd 1e-6; label smoothing 0.1 in its code). Heads start at zero, so the result depends on
+the seed only through the split and the mini-batch order. Features are standardised with the
+per-dimension mean / std of the data being fitted by default; this is MAE-CT's non-affine
+BatchNorm before the head with its statistics frozen.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def linear_probe(
     Returns ``{"top1", "top5", "val_top1", "best_lr", "best_wd"}``: test accuracies of the head
     retrained on all training data, and the validation top-1 of the chosen pair in the search.
     ``normalize``: "standardize" (per-dimension, statistics of the data being fitted), "l2"
-    (per-sample unit norm, as MSN's probe), or "none". ``device=None`` keeps the features'
+    (per-sample unit norm; MSN's probe L2-normalises after a LayerNorm), or "none". ``device=None`` keeps the features'
     device. Deterministic for a fixed ``seed`` on a given device.
     """
     train = as_feature_tensor(train_feats, "train_feats")
@@ -203,8 +204,9 @@ def linear_probe(
     val_idx = torch.from_numpy(val_idx).to(target)
 
     # 1-2: grid search on the held-out part of the training set.
-    norm = _normalizer(train[fit_idx], normalize)
-    fit_x, val_x = norm(train[fit_idx]), norm(train[val_idx])
+    fit_x = train[fit_idx]
+    norm = _normalizer(fit_x, normalize)
+    fit_x, val_x = norm(fit_x), norm(train[val_idx])
     weight, bias = _train_heads(
         fit_x, train_y[fit_idx], pair_lrs, pair_wds, num_classes, epochs, batch_size, label_smoothing, seed
     )

@@ -15,9 +15,7 @@ import torch
 
 from selfsup.config import Config
 from selfsup.data.datasets import load_dataset
-from selfsup.methods import build_method
-from selfsup.models import build_backbone
-from selfsup.train.engine import backbone_params, build_augmenters, normalization, validate
+from selfsup.train.engine import build_augmenters, build_model, normalization, validate
 from selfsup.train.optim import build_optimizer
 
 
@@ -39,9 +37,8 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     channels, size = data.images.shape[1], data.images.shape[2]
     mean, std = normalization(data, cfg)
     augmenters = build_augmenters(cfg, size, mean, std)
-    torch.manual_seed(t.seed)
-    backbone = build_backbone(cfg.model.backbone, **backbone_params(cfg, channels, size))
-    method = build_method(cfg.method, backbone, total_steps=steps + warmup).to(device).train()
+    method = build_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
+    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     optimizer = build_optimizer(method, cfg.optim)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
@@ -70,7 +67,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
         sync()
         start = time.perf_counter()
         x = images.to(device).float().div_(255)
-        views = [augment(x) for augment in augmenters]
+        views = [augment(x).contiguous(memory_format=memory_format) for augment in augmenters]
         with autocast:
             out = method(views)
         optimizer.zero_grad(set_to_none=True)

@@ -74,6 +74,20 @@ def build_augmenters(cfg: Config, image_size: int, mean: list[float], std: list[
     return augmenters
 
 
+def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -> tuple[dict[str, Any], nn.Module]:
+    """The backbone's constructor arguments and the method wrapped around it (seeded, in the configured memory format)."""
+    torch.manual_seed(cfg.trainer.seed)
+    params = backbone_params(cfg, channels, image_size)
+    try:
+        backbone = build_backbone(cfg.model.backbone, **params)
+        method = build_method(cfg.method, backbone, total_steps)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
+    if cfg.trainer.channels_last:
+        method = method.to(memory_format=torch.channels_last)
+    return params, method
+
+
 def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast."""
     method_config(cfg.method)
@@ -230,15 +244,13 @@ def pretrain(cfg: Config) -> Path:
     total_steps = t.max_steps or max(1, int(round(t.epochs * sampler.steps_per_epoch)))
 
     # Model, optimiser, schedules.
-    torch.manual_seed(t.seed)
-    params = backbone_params(cfg, channels, image_size)
-    try:
-        backbone = build_backbone(cfg.model.backbone, **params)
-        method = build_method(cfg.method, backbone, total_steps)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
+    params, method = build_model(cfg, channels, image_size, total_steps)
     if fabric.world_size > 1 and t.sync_batchnorm:
-        method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+        if fabric.device.type == "cuda":
+            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+        elif is_main:  # torch's SyncBatchNorm is CUDA-only
+            log.warning("SyncBatchNorm needs CUDA; on %s each process normalises with its own batch statistics",
+                        fabric.device.type)
     optimizer = build_optimizer(method, cfg.optim)
     o = cfg.optim
     base_lr = o.lr * (t.batch_size / 256 if o.lr_scaling == "linear" else 1.0)
@@ -254,7 +266,6 @@ def pretrain(cfg: Config) -> Path:
         optimizer.load_state_dict(state["optimizer"])
         start_step = int(state["step"])
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
-    method = method.to(memory_format=memory_format)
     raw_method = method
     method, optimizer = fabric.setup(method, optimizer)
     device = fabric.device

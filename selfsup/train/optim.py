@@ -23,7 +23,7 @@ def parameter_groups(model: nn.Module) -> list[dict]:
         else:
             decay.append(param)
     groups = [{"params": decay, "apply_weight_decay": True, "apply_lars": True},
-              {"params": no_decay, "apply_weight_decay": False, "apply_lars": False}]
+              {"params": no_decay, "apply_weight_decay": False, "apply_lars": False, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
 

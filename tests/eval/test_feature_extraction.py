@@ -88,3 +88,12 @@ def test_input_checks() -> None:
         as_label_tensor(np.array([0.5, 1.0]))
     with pytest.raises(ValueError, match="negative"):
         as_label_tensor([0, -1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_model_returns_cpu_features() -> None:
+    model, images = _model().eval(), _images()
+    expected = extract_features(model, images)
+    feats = extract_features(model.cuda(), images)
+    assert feats.device.type == "cpu"
+    torch.testing.assert_close(feats, expected, atol=1e-5, rtol=1e-4)

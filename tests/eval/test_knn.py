@@ -76,3 +76,10 @@ def test_bad_inputs_fail_clearly() -> None:
         knn_classify(TRAIN, TRAIN_Y, TEST, TEST_Y, temperature=0.0)
     with pytest.raises(ValueError, match="one label per feature row"):
         knn_classify(TRAIN, TRAIN_Y[:3], TEST, TEST_Y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_features_give_the_cpu_votes() -> None:
+    scores = knn_scores(TRAIN.cuda(), TRAIN_Y, TEST.cuda(), k=4, temperature=0.5)
+    assert scores.device.type == "cuda"
+    torch.testing.assert_close(scores.cpu(), knn_scores(TRAIN, TRAIN_Y, TEST, k=4, temperature=0.5))

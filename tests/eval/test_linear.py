@@ -112,3 +112,13 @@ def test_bad_arguments_fail_clearly() -> None:
         linear_probe(x, y, x, y, normalize="batchnorm")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no validation samples"):
         linear_probe(x[:3], torch.tensor([0, 1, 2]), x, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_matches_cpu() -> None:
+    train_x, train_y = _blobs(20, seed=0)
+    test_x, test_y = _blobs(10, seed=1)
+    cpu = linear_probe(train_x, train_y, test_x, test_y, epochs=3, batch_size=8)
+    cuda = linear_probe(train_x, train_y, test_x, test_y, epochs=3, batch_size=8, device="cuda")
+    assert cuda["top1"] == cpu["top1"] == 100.0
+    assert (cuda["best_lr"], cuda["best_wd"]) == (cpu["best_lr"], cpu["best_wd"])

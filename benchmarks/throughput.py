@@ -1,0 +1,35 @@
+"""Training-step and augmentation throughput of one or more configs, measured side by side.
+
+    python benchmarks/throughput.py configs/fashion_mnist/quickstart.yaml [more.yaml ...] [--steps 10] [-- key=value ...]
+
+Prints one JSON object: a list of ``selfsup bench`` results (images/s of the full training step, of
+the augmentation pipeline alone, their ratio, peak memory). Ratios are what to compare: the
+machine is shared and absolute speeds move from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from selfsup.config import load_config
+from selfsup.train.bench import bench
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser()
+    parser.add_argument("configs", nargs="+")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args(argv)
+    results = [dict(config=path, **bench(load_config(path, overrides), steps=args.steps, warmup=args.warmup))
+               for path in args.configs]
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
