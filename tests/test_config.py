@@ -160,3 +160,9 @@ def test_unknown_method_lists_allowed_methods() -> None:
     assert {"vicreg", "barlow_twins", "byol"} <= set(METHODS)
     with pytest.raises(ConfigError, match="method.name"):
         method_config({"expander": [8]})
+
+
+def test_exponent_floats_without_a_dot_are_floats():
+    from selfsup.config import load_config
+
+    assert load_config(None, ["optim.weight_decay=1e-4"]).optim.weight_decay == 1e-4
