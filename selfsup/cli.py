@@ -57,7 +57,18 @@ def cmd_eval(args: argparse.Namespace) -> None:
             result.update({prefix + k: v for k, v in evaluate(kind, feats, cfg).items()})
     if len(baselines) > 1:
         print_table(result, baselines)
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    print(json.dumps(rounded(result)))
+
+
+def rounded(value, digits: int = 4):
+    """Round floats (also inside lists and dicts) for readable JSON."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value
 
 
 def print_table(result: dict[str, float], baselines: list[str]) -> None:

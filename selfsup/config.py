@@ -152,10 +152,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Mappings merge key by key; any other value (lists included) replaces the old one."""
+    """Mappings merge key by key; any other value (lists included) replaces the old one.
+
+    A mapping whose ``name`` changes (e.g. ``method: {name: byol}`` over ``method: {name: vicreg, ...}``)
+    replaces the old mapping: the old parameters belong to another component.
+    """
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and value.get("name", old.get("name")) == old.get("name"):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = value

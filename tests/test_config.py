@@ -166,3 +166,24 @@ def test_exponent_floats_without_a_dot_are_floats():
     from selfsup.config import load_config
 
     assert load_config(None, ["optim.weight_decay=1e-4"]).optim.weight_decay == 1e-4
+
+
+def test_changing_a_named_section_replaces_it():
+    from selfsup.config import deep_merge
+
+    base = {"method": {"name": "vicreg", "expander": [8]}, "optim": {"lr": 1.0, "name": "lars"}}
+    merged = deep_merge(base, {"method": {"name": "byol", "momentum": 0.99}, "optim": {"lr": 2.0}})
+    assert merged["method"] == {"name": "byol", "momentum": 0.99}
+    assert merged["optim"] == {"lr": 2.0, "name": "lars"}
+
+
+def test_every_shipped_config_loads_and_validates():
+    from pathlib import Path
+
+    from selfsup.config import load_config
+    from selfsup.train.engine import validate
+
+    configs = sorted((Path(__file__).parent.parent / "configs").glob("*/*.yaml"))
+    assert len(configs) >= 5
+    for path in configs:
+        validate(load_config(path))
