@@ -43,6 +43,18 @@ def as_feature_tensor(feats: ArrayLike, name: str = "features") -> torch.Tensor:
     return feats
 
 
+def as_feature_pair(train_feats: ArrayLike, test_feats: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and test features as float tensors of the same width, or raise."""
+    train = as_feature_tensor(train_feats, "train_feats")
+    test = as_feature_tensor(test_feats, "test_feats")
+    if train.shape[1] != test.shape[1]:
+        raise ValueError(
+            f"train_feats has {train.shape[1]} dims but test_feats has {test.shape[1]}; "
+            "extract both with the same backbone."
+        )
+    return train, test
+
+
 def as_label_tensor(labels: ArrayLike, num_samples: int | None = None, name: str = "labels") -> torch.Tensor:
     """Return ``labels`` as a 1-D int64 CPU tensor of non-negative class indices, or raise.
 

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
+from selfsup.eval.features import ArrayLike, as_feature_pair, as_feature_tensor, as_label_tensor
 
 
 def _infer_num_classes(num_classes: int | None, *label_sets: torch.Tensor) -> int:
@@ -48,13 +48,7 @@ def knn_scores(
     processed ``batch_size`` at a time, so memory stays O(batch_size * N_train). ``k`` larger
     than the training set is clamped to it with a warning.
     """
-    train = as_feature_tensor(train_feats, "train_feats")
-    test = as_feature_tensor(test_feats, "test_feats")
-    if train.shape[1] != test.shape[1]:
-        raise ValueError(
-            f"train_feats has {train.shape[1]} dims but test_feats has {test.shape[1]}; "
-            "extract both with the same backbone."
-        )
+    train, test = as_feature_pair(train_feats, test_feats)
     labels = as_label_tensor(train_labels, train.shape[0], "train_labels")
     num_classes = _infer_num_classes(num_classes, labels)
     if not isinstance(k, int) or k < 1:

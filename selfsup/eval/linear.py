@@ -26,7 +26,7 @@ from typing import Callable, Literal, Sequence
 import numpy as np
 import torch
 
-from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
+from selfsup.eval.features import ArrayLike, as_feature_pair, as_feature_tensor, as_label_tensor
 from selfsup.eval.knn import topk_accuracy
 
 Normalization = Literal["standardize", "l2", "none"]
@@ -169,13 +169,7 @@ def linear_probe(
     (per-sample unit norm; MSN's probe L2-normalises after a LayerNorm), or "none". ``device=None`` keeps the features'
     device. Deterministic for a fixed ``seed`` on a given device.
     """
-    train = as_feature_tensor(train_feats, "train_feats")
-    test = as_feature_tensor(test_feats, "test_feats")
-    if train.shape[1] != test.shape[1]:
-        raise ValueError(
-            f"train_feats has {train.shape[1]} dims but test_feats has {test.shape[1]}; "
-            "extract both with the same backbone."
-        )
+    train, test = as_feature_pair(train_feats, test_feats)
     train_y = as_label_tensor(train_labels, train.shape[0], "train_labels")
     test_y = as_label_tensor(test_labels, test.shape[0], "test_labels")
     largest = int(max(train_y.max(), test_y.max())) + 1
