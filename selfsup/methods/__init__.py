@@ -1,4 +1,14 @@
-"""Methods: each builds its heads around a backbone and defines one training step (``forward``)."""
+"""Methods: each builds its heads around a backbone and defines one training step.
+
+The contract the engine relies on (no base class; methods compose shared pieces):
+
+- ``Config``: a dataclass of the method's hyper-parameters (validated from ``method:`` in the YAML);
+- ``__init__(backbone, cfg, total_steps)``; ``forward(views: list[Tensor]) -> StepOutput``;
+- ``backbone``: the network that is monitored and exported for evaluation (the online encoder for
+  VICReg/BT/BYOL, the EMA target for MSN);
+- optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
+  differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``).
+"""
 
 from __future__ import annotations
 

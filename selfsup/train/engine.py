@@ -343,8 +343,9 @@ def pretrain(cfg: Config) -> Path:
     checkpoint(step)
 
     if is_main:
+        export_params = {**params, **getattr(raw_method, "export_params", {})}
         export_backbone(run_dir, raw_method.backbone, {
-            "backbone": cfg.model.backbone, "params": params, "method": cfg.method["name"], "image_size": image_size,
+            "backbone": cfg.model.backbone, "params": export_params, "method": cfg.method["name"], "image_size": image_size,
             "channels": channels, "mean": mean, "std": std, "dataset": cfg.data.dataset, "seed": t.seed,
             "steps": step})
         plot_metrics(metrics.rows, run_dir / "plots")
