@@ -4,7 +4,7 @@
 
 Prints one JSON object (last stdout line): the evaluation results, pretraining wall-clock and
 CPU (user+sys) minutes of this process, and the number of threads. Used for the accuracy rows of
-docs/benchmarks.md.
+docs/benchmarks.md; ``benchmarks/sweep.py`` calls :func:`pretrain_and_evaluate` once per value.
 """
 
 from __future__ import annotations
@@ -18,13 +18,30 @@ from pathlib import Path
 import torch
 
 from selfsup.config import load_config
-from selfsup.eval.run import compute_features, evaluate, run_config
+from selfsup.eval.run import evaluate_run, run_config
 from selfsup.train.engine import pretrain
 
 
 def cpu_minutes() -> float:
     t = os.times()
     return (t.user + t.system) / 60
+
+
+def pretrain_and_evaluate(config: str, overrides: list[str], compare: str = "raw",
+                          evals: str = "knn,linear,lowshot,cluster") -> dict:
+    """Pretrain ``config`` with ``overrides``, evaluate the backbone and the ``compare`` baselines; one result dict."""
+    cfg = load_config(config, overrides)
+    wall, cpu = time.perf_counter(), cpu_minutes()
+    run_dir = pretrain(cfg)
+    result = {"config": config, "overrides": overrides, "threads": torch.get_num_threads(),
+              "pretrain_wall_min": round((time.perf_counter() - wall) / 60, 2),
+              "pretrain_cpu_min": round(cpu_minutes() - cpu, 2)}
+    eval_cfg = run_config(Path(run_dir), [])
+    for baseline in ["none", *[b for b in compare.split(",") if b]]:
+        prefix = "" if baseline == "none" else f"{baseline}_"
+        scores = evaluate_run(Path(run_dir), eval_cfg, evals.split(","), baseline=baseline, progress=False)
+        result.update({prefix + k: v for k, v in scores.items()})
+    return result
 
 
 def main() -> None:
@@ -34,20 +51,7 @@ def main() -> None:
     parser.add_argument("--compare", default="raw")
     parser.add_argument("--evals", default="knn,linear,lowshot,cluster")
     args = parser.parse_args()
-
-    cfg = load_config(args.config, args.overrides)
-    wall, cpu = time.perf_counter(), cpu_minutes()
-    run_dir = pretrain(cfg)
-    result = {"config": args.config, "overrides": args.overrides, "threads": torch.get_num_threads(),
-              "pretrain_wall_min": round((time.perf_counter() - wall) / 60, 2),
-              "pretrain_cpu_min": round(cpu_minutes() - cpu, 2)}
-    eval_cfg = run_config(Path(run_dir), [])
-    for baseline in ["none", *[b for b in args.compare.split(",") if b]]:
-        feats = compute_features(Path(run_dir), eval_cfg, baseline=baseline, progress=False)
-        prefix = "" if baseline == "none" else f"{baseline}_"
-        for kind in args.evals.split(","):
-            result.update({prefix + k: v for k, v in evaluate(kind, feats, eval_cfg).items()})
-    print(json.dumps(result))
+    print(json.dumps(pretrain_and_evaluate(args.config, args.overrides, args.compare, args.evals)))
 
 
 if __name__ == "__main__":

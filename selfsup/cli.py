@@ -40,7 +40,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from selfsup.eval.run import EVALUATIONS, compute_features, evaluate, run_config
+    from selfsup.eval.run import EVALUATIONS, evaluate_run, run_config
 
     cfg = run_config(Path(args.run_dir), args.overrides)
     kinds = list(EVALUATIONS) if args.kind == "all" else [args.kind]
@@ -49,12 +49,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     for baseline in baselines:
         if baseline not in ("none", "raw", "random"):
             raise ConfigError(f"bad baseline {baseline!r}; allowed: raw, random")
-        log.info("features: %s", "backbone" if baseline == "none" else baseline)
-        feats = compute_features(Path(args.run_dir), cfg, baseline=baseline, progress=sys.stderr.isatty())
         prefix = "" if baseline == "none" else f"{baseline}_"
-        for kind in kinds:
-            log.info("eval %s (%s)", kind, "backbone" if baseline == "none" else baseline)
-            result.update({prefix + k: v for k, v in evaluate(kind, feats, cfg).items()})
+        scores = evaluate_run(Path(args.run_dir), cfg, kinds, baseline=baseline, progress=sys.stderr.isatty())
+        result.update({prefix + k: v for k, v in scores.items()})
     if len(baselines) > 1:
         print_table(result, baselines)
     print(json.dumps(rounded(result)))

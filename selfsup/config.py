@@ -66,6 +66,7 @@ class OptimConfig:
     schedule: Literal["cosine", "constant"] = "cosine"
     weight_decay: float = 1e-6
     weight_decay_end: float | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
+    schedule_stretch: float = 1.0  # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     momentum: float = 0.9  # SGD and LARS
     lars_eta: float = 0.02
@@ -110,6 +111,9 @@ class EvalConfig:
     linear_epochs: int = 30
     linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
     linear_weight_decays: list[float] = field(default_factory=lambda: [0.0, 1e-4])
+    # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).
+    linear_views: int = 1
+    linear_label_smoothing: float = 0.0  # Ghosh et al. 2024's probe: 0.1
     lowshot_shots: list[int] = field(default_factory=lambda: [1, 2, 5, 10])
     lowshot_percents: list[float] = field(default_factory=lambda: [1.0])
     lowshot_splits: int = 3

@@ -165,6 +165,40 @@ def extract_features(
     return out
 
 
+def extract_view_averaged_features(
+    model: nn.Module,
+    images: torch.Tensor,
+    views: int,
+    augment: Callable[[torch.Tensor], torch.Tensor] | None,
+    seed: int = 0,
+    batch_size: int = 256,
+    device: torch.device | str | None = None,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Mean features of 1 clean view (``transform``) and ``views - 1`` views made by ``augment``.
+
+    The linear-probe protocol of Ghosh et al. (2024, App. D, "test-patches 16" in the authors'
+    code): every train and test image is represented by the average over 16 views, the
+    un-augmented normalised image and 15 pretraining augmentations. ``augment`` maps [0, 1] images
+    to normalised augmented ones (e.g. :class:`selfsup.data.augment.Augment` with mean/std); its
+    randomness comes from torch's CPU generator, seeded with ``seed`` inside a forked RNG state, so
+    the result is deterministic and the caller's RNG is untouched. ``views = 1`` gives
+    :func:`extract_features`.
+    """
+    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+        raise ValueError(f"views must be a positive int (1 = the clean image only), got {views!r}.")
+    if views > 1 and augment is None:
+        raise ValueError(f"views={views} needs an augment function for the {views - 1} augmented views.")
+    kwargs = dict(batch_size=batch_size, device=device, progress=progress)
+    total = extract_features(model, images, transform=transform, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for _ in range(views - 1):
+            total = total + extract_features(model, images, transform=augment, **kwargs)
+    return total / views
+
+
 def raw_pixel_features(images: torch.Tensor) -> torch.Tensor:
     """Raw-pixel baseline: uint8 ``(N, C, H, W)`` images -> ``(N, C*H*W)`` float32 in [0, 1]."""
     images = _check_images(images)

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone
 from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
+from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import load_dataset
 from selfsup.eval.clustering import kmeans_cluster
-from selfsup.eval.features import extract_features, raw_pixel_features
+from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import knn_classify
 from selfsup.eval.linear import linear_probe
 from selfsup.eval.lowshot import lowshot_logistic
@@ -49,8 +51,17 @@ def device_for(name: str | None = None) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True) -> Features:
-    """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone."""
+def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True,
+                     views: int = 1) -> Features:
+    """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone.
+
+    ``views > 1``: each image's feature is the mean over the clean image and ``views - 1`` copies
+    augmented with the run's first view spec (``views.0``: preset and overrides, at the stored
+    image size), for both splits (Ghosh et al. 2024's probe; see ``extract_view_averaged_features``).
+    """
+    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+        raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
+                          f"(views averaged per image; Ghosh et al. 2024 use 16)")
     d = cfg.data
     splits = []
     for split in (d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train", d.eval_split):
@@ -61,20 +72,33 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
                               f"(set data.train_split / data.eval_split)")
         splits.append(data)
     train, test = splits
-    if baseline == "raw":
-        return Features(raw_pixel_features(train.images), train.labels, raw_pixel_features(test.images), test.labels)
-    backbone, meta = load_backbone(run_dir, random_init=baseline == "random")
     device = device_for()
-    backbone.to(device)
-    mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
-    std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
+    if baseline == "raw":  # raw pixels in [0, 1], flattened
+        model, mean_std, normalize = nn.Flatten(), (None, None), None
+    else:
+        model, meta = load_backbone(run_dir, random_init=baseline == "random")
+        model.to(device)
+        mean_std = (tuple(meta["mean"]), tuple(meta["std"]))
+        mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
+        std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
 
-    def normalize(x: torch.Tensor) -> torch.Tensor:
-        return (x - mean) / std
+        def normalize(x: torch.Tensor) -> torch.Tensor:
+            return (x - mean) / std
+
+    augment = None
+    if views > 1:
+        view = cfg.views[0]
+        try:
+            aug_cfg = augment_config(view.preset, train.images.shape[-1], mean=mean_std[0], std=mean_std[1],
+                                     **view.params)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"views.0 (the augmentation of eval.linear_views): {err}") from err
+        augment = Augment(aug_cfg).to(device)
 
     def embed(images: torch.Tensor) -> torch.Tensor:
-        return extract_features(backbone, images, batch_size=cfg.eval.batch_size, device=device,
-                                transform=normalize, progress=progress)
+        return extract_view_averaged_features(model, images, views, augment, seed=cfg.eval.seed,
+                                              batch_size=cfg.eval.batch_size, device=device, transform=normalize,
+                                              progress=progress)
 
     return Features(embed(train.images), train.labels, embed(test.images), test.labels)
 
@@ -88,8 +112,8 @@ def evaluate(kind: str, feats: Features, cfg: Config) -> dict[str, float]:
         return {"knn_top1": r["top1"], "knn_top5": r["top5"]}
     if kind == "linear":
         r = linear_probe(feats.train, feats.train_labels, feats.test, feats.test_labels, lrs=e.linear_lrs,
-                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs, seed=e.seed,
-                         device=device_for())
+                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs,
+                         label_smoothing=e.linear_label_smoothing, seed=e.seed, device=device_for())
         return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
                 "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}
     if kind == "lowshot":
@@ -100,3 +124,20 @@ def evaluate(kind: str, feats: Features, cfg: Config) -> dict[str, float]:
         r = kmeans_cluster(feats.test, feats.test_labels, n_init=e.cluster_n_init, seed=e.seed)
         return {f"cluster_{k}": v for k, v in r.items()}
     raise ValueError(f"unknown evaluation {kind!r}; choose one of {', '.join(EVALUATIONS)} or all")
+
+
+def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baseline = "none",
+                 progress: bool = True) -> dict[str, float]:
+    """Run the evaluations ``kinds`` on one backbone (or baseline); the linear probe reads features
+    averaged over ``eval.linear_views`` views, the others plain features (each set computed once)."""
+    features: dict[int, Features] = {}
+    result: dict[str, float] = {}
+    name = "backbone" if baseline == "none" else baseline
+    for kind in kinds:
+        views = cfg.eval.linear_views if kind == "linear" else 1
+        if views not in features:
+            log.info("features: %s%s", name, f" (mean over {views} views)" if views > 1 else "")
+            features[views] = compute_features(run_dir, cfg, baseline=baseline, progress=progress, views=views)
+        log.info("eval %s (%s)", kind, name)
+        result.update(evaluate(kind, features[views], cfg))
+    return result

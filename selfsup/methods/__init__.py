@@ -20,12 +20,14 @@ from selfsup.config import ConfigError, from_dict
 from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import StepOutput
 from selfsup.methods.byol import BYOL
+from selfsup.methods.msn import MSN
 from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type[nn.Module]] = {
     "vicreg": VICReg,
     "barlow_twins": BarlowTwins,
     "byol": BYOL,
+    "msn": MSN,
 }
 
 

@@ -1,21 +1,31 @@
-"""Barlow Twins (Zbontar et al., ICML 2021): make the cross-correlation of two views' embeddings the identity."""
+"""Barlow Twins (Zbontar et al., ICML 2021): make the cross-correlation of the views' embeddings the identity.
+
+With M > 2 views it is the multi-view form of Ghosh et al. (NeurIPS 2024, Eq. 10): every view is
+correlated with the mean embedding of the M views (``selfsup.losses.multiview``). ``projector: p``
+selects that paper's small projector and ``lambd: auto`` its tuned beta(p, M)
+(``selfsup.methods.small_projectors``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
-from selfsup.losses.barlow import barlow_twins_loss
-from selfsup.methods.base import StepOutput, check_num_views
-from selfsup.models.heads import mlp
+from selfsup.losses.multiview import barlow_twins_multiview_loss
+from selfsup.methods.base import StepOutput, check_min_views
+from selfsup.methods.small_projectors import barlow_twins_beta, build_projector, output_width
 
 
 @dataclass
 class BarlowTwinsConfig:
-    projector: list[int] = field(default_factory=lambda: [8192, 8192, 8192])  # paper: 3 layers of 8192
-    lambd: float = 0.0051  # off-diagonal weight (the authors' code; the paper says 5e-3)
+    # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
+    projector: list[int] | int = field(default_factory=lambda: [8192, 8192, 8192])
+    # Off-diagonal weight, Ghosh et al.'s beta (the authors' code: 0.0051; the paper says 5e-3);
+    # "auto": Ghosh et al.'s tuned beta for the projector width p and the number of views M.
+    lambd: float | Literal["auto"] = 0.0051
 
 
 class BarlowTwins(nn.Module):
@@ -25,10 +35,16 @@ class BarlowTwins(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.backbone = backbone
-        self.projector = mlp([backbone.num_features, *cfg.projector], norm="batch", act="relu", last_bias=False)
+        self.projector = build_projector(backbone.num_features, cfg.projector, last_bias=False)
+
+    def off_diagonal_weight(self, num_views: int) -> float:
+        """The configured ``lambd``, or the tuned beta(p, M) when it is "auto"."""
+        if self.cfg.lambd == "auto":
+            return barlow_twins_beta(output_width(self.cfg.projector), num_views)
+        return self.cfg.lambd
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_num_views("Barlow Twins", views, 2)
-        z_a, z_b = (self.projector(self.backbone(view)) for view in views)
-        loss, terms = barlow_twins_loss(z_a, z_b, self.cfg.lambd)
-        return StepOutput(loss, terms, z_a.detach())
+        check_min_views("Barlow Twins", views, 2)
+        z = [self.projector(self.backbone(view)) for view in views]
+        loss, terms = barlow_twins_multiview_loss(z, self.off_diagonal_weight(len(views)))
+        return StepOutput(loss, terms, z[0].detach())

@@ -20,3 +20,9 @@ def check_num_views(method: str, views: list[torch.Tensor], expected: int) -> No
     if len(views) != expected:
         raise ValueError(f"{method} needs {expected} views per image but the config makes {len(views)}; "
                          f"set `views` to {expected} view specs of num 1 (see configs/presets/)")
+
+
+def check_min_views(method: str, views: list[torch.Tensor], minimum: int) -> None:
+    if len(views) < minimum:
+        raise ValueError(f"{method} needs at least {minimum} views per image but the config makes {len(views)}; "
+                         f"list more view specs or raise their num (e.g. views.0.num={minimum})")

@@ -1,22 +1,30 @@
-"""VICReg (Bardes et al., ICLR 2022): two views, an expander, variance-invariance-covariance loss."""
+"""VICReg (Bardes et al., ICLR 2022): an expander and the variance-invariance-covariance loss.
+
+With M > 2 views it is the multi-view form of Ghosh et al. (NeurIPS 2024, Eq. 10): every view is
+compared with the mean of the other views (``selfsup.losses.multiview``). ``expander: p`` selects
+that paper's small projector and ``sim_weight: auto`` its tuned lambda = mu for width p
+(``selfsup.methods.small_projectors``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
-from selfsup.losses.vicreg import vicreg_loss
-from selfsup.methods.base import StepOutput, check_num_views
-from selfsup.models.heads import mlp
+from selfsup.losses.multiview import vicreg_multiview_loss
+from selfsup.methods.base import StepOutput, check_min_views
+from selfsup.methods.small_projectors import build_projector, output_width, vicreg_sim_weight
 
 
 @dataclass
 class VICRegConfig:
-    expander: list[int] = field(default_factory=lambda: [8192, 8192, 8192])  # paper: 3 layers of 8192
-    sim_weight: float = 25.0  # lambda
-    var_weight: float = 25.0  # mu
+    # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
+    expander: list[int] | int = field(default_factory=lambda: [8192, 8192, 8192])
+    sim_weight: float | Literal["auto"] = 25.0  # lambda; "auto": Ghosh et al.'s tuned lambda = mu for the width p
+    var_weight: float | Literal["auto"] = 25.0  # mu; "auto": equal to sim_weight (Ghosh et al. tie lambda = mu)
     cov_weight: float = 1.0  # nu
 
 
@@ -27,10 +35,12 @@ class VICReg(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.backbone = backbone
-        self.expander = mlp([backbone.num_features, *cfg.expander], norm="batch", act="relu")
+        self.expander = build_projector(backbone.num_features, cfg.expander, last_bias=True)
+        self.sim_weight = vicreg_sim_weight(output_width(cfg.expander)) if cfg.sim_weight == "auto" else cfg.sim_weight
+        self.var_weight = self.sim_weight if cfg.var_weight == "auto" else cfg.var_weight
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_num_views("VICReg", views, 2)
-        z_a, z_b = (self.expander(self.backbone(view)) for view in views)
-        loss, terms = vicreg_loss(z_a, z_b, self.cfg.sim_weight, self.cfg.var_weight, self.cfg.cov_weight)
-        return StepOutput(loss, terms, z_a.detach())
+        check_min_views("VICReg", views, 2)
+        z = [self.expander(self.backbone(view)) for view in views]
+        loss, terms = vicreg_multiview_loss(z, self.sim_weight, self.var_weight, self.cfg.cov_weight)
+        return StepOutput(loss, terms, z[0].detach())

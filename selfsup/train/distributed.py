@@ -62,3 +62,27 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
     x = x.detach().clone()
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x / dist.get_world_size()
+
+
+class _AllReduceMeanWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().clone()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x / dist.get_world_size()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad / dist.get_world_size()
+
+
+def all_reduce_mean_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over processes, with gradients (MSN's mean prediction for ME-MAX).
+
+    Backward follows the ``gather_with_grad`` convention: each process receives the sum over
+    processes of the gradient w.r.t. its own ``x``, so after DDP's gradient averaging a loss of the
+    global mean gets exactly the single-process gradient. Identity on one process.
+    """
+    return _AllReduceMeanWithGrad.apply(x) if is_distributed() else x

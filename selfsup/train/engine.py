@@ -15,22 +15,24 @@ import inspect
 import logging
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, save_checkpoint
-from selfsup.config import Config, ConfigError, save_config, to_dict
+from selfsup.config import Config, ConfigError, OptimConfig, save_config, to_dict
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import ImageData, load_dataset
 from selfsup.data.sampler import StepSampler
 from selfsup.methods import build_method, method_config
 from selfsup.models import BACKBONES, build_backbone
-from selfsup.train.monitors import KNNMonitor, collapse_stats
+from selfsup.train.monitors import KNNMonitor, SpectrumLog, collapse_stats
 from selfsup.train.optim import build_optimizer
-from selfsup.train.schedules import constant_schedule, cosine_schedule
+from selfsup.train.schedules import constant_schedule, cosine_schedule, stretched
 
 log = logging.getLogger("selfsup")
 
@@ -88,6 +90,21 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
     return params, method
 
 
+def lr_wd_schedules(o: OptimConfig, base_lr: float, total_steps: int, warmup_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step learning rate (warm-up, then cosine to ``min_lr`` or constant) and weight decay (cosine).
+
+    With ``schedule_stretch`` s > 1 the cosine lr and the wd are computed over ``s * total_steps`` steps and
+    cut at ``total_steps`` (MSN's code, s = 1.25: the lr ends near 1e-4 instead of 1e-6, wd near 0.366, not 0.4).
+    """
+    if o.schedule == "cosine":
+        cosine = partial(cosine_schedule, warmup_steps=warmup_steps)
+        lr = stretched(cosine, total_steps, o.schedule_stretch, base_lr, o.min_lr)
+    else:
+        lr = constant_schedule(base_lr, total_steps, warmup_steps)
+    wd_end = o.weight_decay_end if o.weight_decay_end is not None else o.weight_decay
+    return lr, stretched(cosine_schedule, total_steps, o.schedule_stretch, o.weight_decay, wd_end)
+
+
 def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast."""
     method_config(cfg.method)
@@ -104,6 +121,9 @@ def validate(cfg: Config) -> None:
             augment_config(view.preset, view.size or 32, **view.params)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"views.{i}: {err}") from err
+    if cfg.optim.schedule_stretch < 1:
+        raise ConfigError(f"bad value for optim.schedule_stretch: {cfg.optim.schedule_stretch}; use a number >= 1 "
+                          "(1 = schedules end with training; MSN's code uses 1.25)")
     if not 0 < cfg.data.fraction <= 1:
         raise ConfigError(f"bad value for data.fraction: {cfg.data.fraction}; use a number in (0, 1]")
     if cfg.trainer.batch_size < 2:
@@ -255,10 +275,7 @@ def pretrain(cfg: Config) -> Path:
     o = cfg.optim
     base_lr = o.lr * (t.batch_size / 256 if o.lr_scaling == "linear" else 1.0)
     warmup = int(round(o.warmup_epochs * sampler.steps_per_epoch))
-    lr_schedule = (cosine_schedule(base_lr, o.min_lr, total_steps, warmup) if o.schedule == "cosine"
-                   else constant_schedule(base_lr, total_steps, warmup))
-    wd_schedule = cosine_schedule(o.weight_decay, o.weight_decay_end if o.weight_decay_end is not None
-                                  else o.weight_decay, total_steps)
+    lr_schedule, wd_schedule = lr_wd_schedules(o, base_lr, total_steps, warmup)
 
     start_step = 0
     if state is not None:
@@ -279,6 +296,7 @@ def pretrain(cfg: Config) -> Path:
                  image_size, total_steps, t.batch_size, total_steps / sampler.steps_per_epoch, n_params / 1e6,
                  device, fabric.world_size)
     metrics = MetricsLog(run_dir / "metrics.csv", start_step)
+    spectra = SpectrumLog(run_dir / "spectra.npz", start_step)
     knn_monitor = build_knn_monitor(cfg, data, mean, std, channels) if is_main and cfg.monitor.knn_every_steps else None
 
     def checkpoint(step: int) -> None:
@@ -286,6 +304,7 @@ def pretrain(cfg: Config) -> Path:
             save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
                                         "step": step, "config": to_dict(cfg)})
             metrics.flush()
+            spectra.flush()
         fabric.barrier()
 
     progress = Progress(t.progress and is_main, total_steps, start_step)
@@ -325,6 +344,7 @@ def pretrain(cfg: Config) -> Path:
                                        "images_per_s": round(window_images / max(elapsed, 1e-9), 1)}
                 if collapse_now and out.embeddings is not None:
                     row.update(collapse_stats(out.embeddings))
+                    spectra.append(step, out.embeddings)
                 if knn_now:
                     row["knn_top1"] = knn_monitor(raw_method.backbone, device)
                 metrics.append(row)
@@ -349,6 +369,7 @@ def pretrain(cfg: Config) -> Path:
             "channels": channels, "mean": mean, "std": std, "dataset": cfg.data.dataset, "seed": t.seed,
             "steps": step})
         plot_metrics(metrics.rows, run_dir / "plots")
+        spectra.plot(run_dir / "plots" / "eigenspectrum.png")
         log.info("done: %d steps; backbone exported to %s", step, run_dir / "backbone.safetensors")
     return run_dir
 

@@ -1,7 +1,10 @@
-"""Training-health monitors: collapse statistics of embeddings and an online kNN probe."""
+"""Training-health monitors: collapse statistics and eigenspectra of embeddings, an online kNN probe."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +29,73 @@ def collapse_stats(embeddings: torch.Tensor) -> dict[str, float]:
     p = singular / singular.sum().clamp_min(1e-12)
     entropy = -(p * torch.log(p.clamp_min(1e-12))).sum()
     return {"embedding_std": std, "effective_rank": float(torch.exp(entropy))}
+
+
+@torch.no_grad()
+def eigenspectrum(embeddings: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of the covariance of a batch of embeddings ``(B, d)``, descending, normalised to sum 1.
+
+    Computed as the squared singular values of the centred batch; the ``min(B - 1, d)`` values a
+    batch of B samples can make nonzero. A flat spectrum spreads the information over all
+    dimensions; a steep drop is dimensional collapse (Ghosh et al. 2024, Thm 3.2: weak
+    orthogonality concentrates the embedding on the top eigenvectors).
+    """
+    z = embeddings.detach().float()
+    eigenvalues = torch.linalg.svdvals(z - z.mean(dim=0)).pow(2)[: min(z.shape[0] - 1, z.shape[1])]
+    return eigenvalues / eigenvalues.sum().clamp_min(1e-30)
+
+
+class SpectrumLog:
+    """Eigenspectra of the monitored embeddings during training, in ``spectra.npz``.
+
+    The file holds ``steps`` (K,) and ``eigenvalues`` (K, n), one :func:`eigenspectrum` per
+    recorded step. Resuming at step s keeps the spectra of steps <= s, as ``metrics.csv`` does.
+    """
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        self.steps: list[int] = []
+        self.spectra: list[np.ndarray] = []
+        if path.is_file() and resume_step > 0:
+            with np.load(path) as saved:
+                keep = saved["steps"] <= resume_step
+                self.steps = saved["steps"][keep].tolist()
+                self.spectra = list(saved["eigenvalues"][keep])
+
+    def append(self, step: int, embeddings: torch.Tensor) -> None:
+        self.steps.append(step)
+        self.spectra.append(eigenspectrum(embeddings).cpu().numpy())
+
+    def flush(self) -> None:
+        if not self.steps:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            np.savez(f, steps=np.array(self.steps), eigenvalues=np.stack(self.spectra))
+        tmp.replace(self.path)
+
+    def plot(self, path: Path, curves: int = 5) -> None:
+        """Sorted normalised eigenvalues on a log scale at up to ``curves`` evenly spaced recorded steps."""
+        if not self.steps:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        picks = sorted(set(np.linspace(0, len(self.steps) - 1, min(curves, len(self.steps))).round().astype(int)))
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for i in picks:
+            values = self.spectra[i]
+            ax.semilogy(np.arange(1, len(values) + 1), np.where(values > 0, values, np.nan), label=f"step {self.steps[i]}")
+        ax.set_xlabel("eigenvalue rank")
+        ax.set_ylabel("normalised eigenvalue")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
 
 
 class KNNMonitor:

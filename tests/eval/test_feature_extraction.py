@@ -97,3 +97,31 @@ def test_cuda_model_returns_cpu_features() -> None:
     feats = extract_features(model.cuda(), images)
     assert feats.device.type == "cpu"
     torch.testing.assert_close(feats, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_view_averaged_features() -> None:
+    from selfsup.data.augment import Augment, augment_config
+    from selfsup.eval.features import extract_view_averaged_features
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    images = torch.randint(0, 256, (6, 1, 8, 8), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    normalize = lambda x: (x - 0.5) / 0.25  # noqa: E731
+    plain = extract_features(model, images, transform=normalize)
+    # One view is the clean feature; "none" views (whole image, nothing random) average back to it.
+    assert torch.equal(extract_view_averaged_features(model, images, 1, None, transform=normalize), plain)
+    still = Augment(augment_config("none", 8, mean=(0.5,), std=(0.25,)))
+    torch.testing.assert_close(extract_view_averaged_features(model, images, 4, still, transform=normalize), plain)
+    # Random views: the mean of the clean feature and views - 1 seeded augmented passes; caller's RNG untouched.
+    crops = Augment(augment_config("minimal", 8, mean=(0.5,), std=(0.25,)))
+    state = torch.get_rng_state()
+    averaged = extract_view_averaged_features(model, images, 3, crops, seed=5, transform=normalize)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(5)
+    expected = (plain + extract_features(model, images, transform=crops) + extract_features(model, images, transform=crops)) / 3
+    torch.testing.assert_close(averaged, expected)
+    assert (averaged - plain).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="positive int"):
+        extract_view_averaged_features(model, images, 0, crops)
+    with pytest.raises(ValueError, match="augment"):
+        extract_view_averaged_features(model, images, 2, None)

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_utils import run_ddp
 from selfsup.losses.barlow import barlow_twins_loss
+from selfsup.losses.multiview import barlow_twins_multiview_loss, vicreg_multiview_loss
 from selfsup.losses.vicreg import vicreg_loss
 from selfsup.train import distributed
 
@@ -26,6 +27,9 @@ BATCH, DIM, IN_DIM = 8, 5, 6
 LOSSES = {
     "vicreg": lambda a, b: vicreg_loss(a, b)[0],
     "barlow_twins": lambda a, b: barlow_twins_loss(a, b, lambd=0.1)[0],
+    # M = 3 views: the two inputs and a third one made from both (its rows stay with their samples).
+    "barlow_twins_multiview": lambda a, b: barlow_twins_multiview_loss([a, b, 0.5 * (a + b.flip(1))], lambd=0.1)[0],
+    "vicreg_multiview": lambda a, b: vicreg_multiview_loss([a, b, 0.5 * (a + b.flip(1))])[0],
 }
 
 

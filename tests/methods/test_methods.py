@@ -47,9 +47,12 @@ def test_forward_gives_finite_scalar_loss_and_backbone_gradients(name: str) -> N
 @pytest.mark.parametrize("name", list(SPECS))
 def test_wrong_number_of_views_raises(name: str) -> None:
     method = _method(name)
+    if name == "byol":
+        with pytest.raises(ValueError, match="2 views"):
+            method(_views(3))
+    else:  # VICReg and Barlow Twins take M >= 2 views (tests/methods/test_small_projectors.py)
+        assert torch.isfinite(method(_views(3)).loss)
     with pytest.raises(ValueError, match="2 views"):
-        method(_views(3))
-    with pytest.raises(ValueError):
         method(_views(1))
 
 

@@ -1,0 +1,135 @@
+"""MSN, Masked Siamese Networks (Assran et al., ECCV 2022): masked anchor views of a ViT match the
+prototype assignments of an unmasked target view computed by an EMA copy of the encoder.
+
+Views (the config's ``views`` list, in order): ``views[0]`` is the target view, the next
+``masked_views`` are anchors whose patch tokens are randomly dropped (only the kept tokens enter the
+encoder, Sec. 3 "Patchify and Mask"), and the remaining views are focal anchors: small multi-crops,
+unmasked, as in the authors' code. Each group (masked; focal of one size) goes through encoder and
+projection head in its own call, so the head's BatchNorm statistics are per resolution (code).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from selfsup.config import ConfigError
+from selfsup.data.masking import random_keep_indices
+from selfsup.losses.msn import msn_loss
+from selfsup.methods.base import StepOutput
+from selfsup.models.heads import Prototypes, mlp
+from selfsup.models.vit import VisionTransformer
+from selfsup.train.ema import EMATeacher
+from selfsup.train.schedules import linear_schedule, stretched
+
+
+@dataclass
+class MSNConfig:
+    projector: list[int] = field(default_factory=lambda: [2048, 2048, 256])  # hidden, hidden, out (App. A.1, code)
+    projector_norm: Literal["batch", "layer", "none"] = "batch"  # BN on the hidden layers, GELU (App. A.1)
+    num_prototypes: int = 1024  # K (App. A.1, Tab. 12)
+    anchor_temperature: float = 0.1  # tau
+    target_temperature: float = 0.025  # tau+ < tau sharpens the targets (Sec. 3)
+    sinkhorn_iterations: int = 3  # on the targets; 0 = off (Tab. 11: then raise memax_weight, e.g. 5)
+    memax_weight: float = 1.0  # lambda of ME-MAX
+    label_smoothing: float = 0.0  # of the prototype labels (authors' code; 0 in their configs)
+    mask_ratio: float = 0.15  # fraction of patches dropped from masked anchors (ViT-S 0.15, B 0.3, L 0.7)
+    masked_views: int = 1  # views after the target that are randomly masked; the rest are focal views
+    shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
+    momentum: float = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
+    momentum_end: float = 1.0
+    momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
+    eval_pool: Literal["cls_prenorm", "cls"] = "cls_prenorm"  # exported feature: [CLS] before the final norm (code)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),
+            "num_prototypes": self.num_prototypes >= 1,
+            "anchor_temperature": self.anchor_temperature > 0,
+            "target_temperature": self.target_temperature > 0,
+            "sinkhorn_iterations": self.sinkhorn_iterations >= 0,
+            "memax_weight": self.memax_weight >= 0,
+            "label_smoothing": 0 <= self.label_smoothing < 1,
+            "mask_ratio": 0 <= self.mask_ratio < 1,
+            "masked_views": self.masked_views >= 0,
+            "momentum": 0 <= self.momentum <= 1,
+            "momentum_end": 0 <= self.momentum_end <= 1,
+            "momentum_stretch": self.momentum_stretch >= 1,
+        }
+        allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
+                   "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
+                   "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
+                   "masked_views": ">= 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]",
+                   "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
+        for key, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
+
+
+class MSN(nn.Module):
+    """Anchor encoder + projection head + prototypes, trained against an EMA target (Fig. 3)."""
+
+    Config = MSNConfig
+    export_params: dict[str, str]
+
+    def __init__(self, backbone: nn.Module, cfg: MSNConfig, total_steps: int) -> None:
+        super().__init__()
+        if not isinstance(backbone, VisionTransformer) or backbone.cls_token is None or backbone.pool != "cls":
+            raise ConfigError("MSN needs a ViT with a [CLS] token pooled after the final norm (model.backbone "
+                              "vit_tiny/vit_small/vit_base/vit_custom, model.params.pool: cls); the exported "
+                              "backbone uses method.eval_pool")
+        self.cfg = cfg
+        self.encoder = backbone
+        self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.projector_norm, act="gelu")
+        self.prototypes = Prototypes(cfg.num_prototypes, cfg.projector[-1])
+        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
+        self.target.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
+        self.momentum = stretched(linear_schedule, total_steps, cfg.momentum_stretch, cfg.momentum, cfg.momentum_end)
+        self.export_params = {"pool": cfg.eval_pool}
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The EMA target ViT, pooling ``eval_pool``: MSN evaluates the target encoder (App. A.1)."""
+        return self.target.module[0]
+
+    def _similarities(self, z: torch.Tensor) -> torch.Tensor:
+        """Cosine similarities to the prototypes, in float32 even under mixed precision."""
+        with torch.autocast(z.device.type, enabled=False):
+            return self.prototypes(z.float())
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        c = self.cfg
+        if len(views) < 2 or len(views) < 1 + c.masked_views:
+            raise ValueError(f"MSN needs a target view and at least one anchor view, with {c.masked_views} masked "
+                             f"anchor(s) (method.masked_views), but the config makes {len(views)} views; list the "
+                             "target, the masked anchors, then the focal views in `views`")
+        target, masked, focal = views[0], views[1:1 + c.masked_views], views[1 + c.masked_views:]
+        batch = target.shape[0]
+
+        anchors = []
+        if masked:
+            x = torch.cat(masked)
+            grid = self.encoder.grid_for(x.shape[2], x.shape[3])
+            keep = random_keep_indices(len(x), grid[0] * grid[1], c.mask_ratio, shared=c.shared_mask, device=x.device)
+            anchors.append(self.projector(self.encoder(x, keep)))
+        for _, group in itertools.groupby(focal, key=lambda v: tuple(v.shape[2:])):
+            anchors.append(self.projector(self.encoder(torch.cat(list(group)))))
+        z_anchor = torch.cat(anchors)
+        with torch.no_grad():
+            target_vit, target_head = self.target.module
+            z_target = target_head(target_vit.forward_features(target)["cls"])  # [CLS] after the final norm
+            target_similarities = self._similarities(z_target)
+
+        loss, terms = msn_loss(self._similarities(z_anchor), target_similarities,
+                               c.anchor_temperature, c.target_temperature, c.sinkhorn_iterations, c.memax_weight,
+                               c.label_smoothing)
+        return StepOutput(loss, terms, z_anchor[:batch].detach())
+
+    def after_step(self, step: int) -> None:
+        """EMA update of the target encoder and head, ``theta_bar <- m theta_bar + (1 - m) theta``."""
+        m = float(self.momentum[min(step, len(self.momentum) - 1)])
+        self.target.update(nn.Sequential(self.encoder, self.projector), m)

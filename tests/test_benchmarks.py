@@ -1,0 +1,61 @@
+"""benchmarks/sweep.py: one pretrain + eval per value of a key, one JSON list; spectra in each run directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from selfsup.config import ConfigError
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+import sweep  # noqa: E402
+
+TINY_MULTIVIEW = """
+method: {name: barlow_twins, projector: 16, lambd: auto}
+data: {dataset: digits}
+views:
+  - {preset: minimal, num: 3, params: {crop_scale: [0.5, 1.0]}}
+model:
+  backbone: resnet
+  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
+optim: {name: adam, lr: 0.001, schedule: constant}
+trainer: {max_steps: 3, batch_size: 64, log_every_steps: 1, checkpoint_every_steps: 100, progress: false}
+monitor: {collapse_every_steps: 1}
+eval: {linear_epochs: 2, linear_lrs: [0.01], linear_weight_decays: [0.0], linear_views: 2}
+"""
+
+
+def test_split_values_and_run_directories(tmp_path: Path) -> None:
+    assert sweep.split_values("0.01, 1e-3,[1, 2],{a: 1}") == ["0.01", "1e-3", "[1, 2]", "{a: 1}"]
+    with pytest.raises(ConfigError, match="balanced"):
+        sweep.split_values("[1,2")
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    runs = sweep.sweep_runs(str(config), "method.lambd=auto,1e-3", [f"trainer.out={tmp_path}/run"])
+    assert [(key, value) for key, value, _ in runs] == [("method.lambd", "auto"), ("method.lambd", 0.001)]
+    assert runs[1][2][-1] == f"trainer.out={tmp_path}/run-method.lambd=1e-3"
+    with pytest.raises(ConfigError, match="method.lambd"):  # every value is validated before any run
+        sweep.sweep_runs(str(config), "method.lambd=0.01,large", [])
+    with pytest.raises(ConfigError, match="KEY=V1,V2"):
+        sweep.sweep_runs(str(config), "method.lambd", [])
+
+
+def test_sweep_prints_one_result_per_value_and_runs_keep_spectra(tmp_path: Path, monkeypatch, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    monkeypatch.setattr(sys, "argv", ["sweep.py", str(config), "views.0.num=2,3", f"trainer.out={tmp_path}/run",
+                                      "--compare", "", "--evals", "knn,linear"])
+    sweep.main()
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["key"], r["value"]) for r in results] == [("views.0.num", 2), ("views.0.num", 3)]
+    for r in results:
+        assert 0 < r["knn_top1"] <= 100 and 0 < r["linear_top1"] <= 100
+        run = tmp_path / f"run-views.0.num={r['value']}"
+        with np.load(run / "spectra.npz") as spectra:
+            assert spectra["steps"].tolist() == [1, 2, 3]
+            assert spectra["eigenvalues"].shape == (3, 16) and np.allclose(spectra["eigenvalues"].sum(1), 1)
+        assert (run / "plots" / "eigenspectrum.png").is_file()
