@@ -59,3 +59,34 @@ def test_sweep_prints_one_result_per_value_and_runs_keep_spectra(tmp_path: Path,
             assert spectra["steps"].tolist() == [1, 2, 3]
             assert spectra["eigenvalues"].shape == (3, 16) and np.allclose(spectra["eigenvalues"].sum(1), 1)
         assert (run / "plots" / "eigenspectrum.png").is_file()
+
+
+TINY_VIT = """
+method: {name: vicreg, expander: [32, 32]}
+data: {dataset: digits}
+views:
+  - {preset: minimal, num: 2}
+model: {backbone: vit_custom, params: {patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2, pos_embed: learned}}
+optim: {name: adamw, lr: 0.001}
+trainer: {max_steps: 2, batch_size: 32, progress: false, channels_last: false}
+"""
+
+
+def test_masking_robustness_is_one_without_masking_and_below_one_with_it(tmp_path: Path, monkeypatch,
+                                                                          capsys) -> None:
+    import masking_robustness
+
+    from selfsup.config import load_config
+    from selfsup.train.engine import pretrain
+
+    config = tmp_path / "vit.yaml"
+    config.write_text(TINY_VIT)
+    run = pretrain(load_config(str(config), [f"trainer.out={tmp_path}/run"]))
+    monkeypatch.setattr(sys, "argv", ["masking_robustness.py", str(run), "--ratios", "0,0.5,0.9", "--limit", "50"])
+    masking_robustness.main()
+    (result,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["images"] == 50
+    assert result["mask_ratio_0.0"] == pytest.approx(1.0, abs=1e-4)  # nothing dropped: identical features
+    assert result["mask_ratio_0.5"] < 1.0 and result["mask_ratio_0.9"] < 1.0
+    again = masking_robustness.masked_similarities(run, [0.5], limit=50)  # seeded masks: reproducible
+    assert again["mask_ratio_0.5"] == result["mask_ratio_0.5"]

@@ -12,7 +12,6 @@ from selfsup.models.heads import GaussianHead, GeM, Prototypes, mlp
 from selfsup.models.resnet import ResNet, resnet18, resnet50
 from selfsup.models.vit import (
     VisionTransformer,
-    random_keep_indices,
     sincos_pos_embed_2d,
     vit_base,
     vit_small,
@@ -28,7 +27,6 @@ __all__ = [
     "VisionTransformer",
     "build_backbone",
     "mlp",
-    "random_keep_indices",
     "resnet18",
     "resnet50",
     "sincos_pos_embed_2d",

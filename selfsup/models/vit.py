@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 __all__ = [
     "VisionTransformer",
-    "random_keep_indices",
     "sincos_pos_embed_2d",
     "vit_base",
     "vit_small",
@@ -66,39 +65,6 @@ def sincos_pos_embed_2d(
         return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
     return torch.cat([encode(col), encode(row)], dim=1).to(device=device, dtype=dtype)
-
-
-def random_keep_indices(
-    batch: int,
-    num_patches: int,
-    keep: int,
-    shared: bool,
-    generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Random subset of ``keep`` patch indices per sample, ``(batch, keep)`` int64.
-
-    ``shared=True`` draws one subset for the whole batch (what MSN's code does: one permutation
-    per forward call); ``shared=False`` draws one per sample (MAE's per-sample noise argsort).
-    Indices within a row are distinct and unsorted; pass them to
-    :meth:`VisionTransformer.forward_tokens`.
-    """
-    if batch < 1 or num_patches < 1:
-        raise ValueError(
-            f"batch and num_patches must be positive, got batch={batch}, num_patches={num_patches}"
-        )
-    if not 1 <= keep <= num_patches:
-        raise ValueError(
-            f"keep must be in [1, num_patches={num_patches}], got {keep}; for a mask ratio r use "
-            "keep = floor(num_patches * (1 - r)) and keep at least one patch"
-        )
-    if device is None and generator is not None:
-        device = generator.device
-    if shared:
-        perm = torch.randperm(num_patches, generator=generator, device=device)[:keep]
-        return perm.unsqueeze(0).expand(batch, keep).contiguous()
-    noise = torch.rand(batch, num_patches, generator=generator, device=device)
-    return noise.argsort(dim=1)[:, :keep]
 
 
 class DropPath(nn.Module):
@@ -423,7 +389,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(
                 "keep_indices must be a (B, K) int64 tensor of patch indices, got "
                 f"shape {tuple(keep_indices.shape)} and dtype {keep_indices.dtype}; "
-                "see random_keep_indices"
+                "see selfsup.data.masking.random_keep_indices"
             )
         rows, k = keep_indices.shape
         if rows % b != 0:

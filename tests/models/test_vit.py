@@ -10,13 +10,18 @@ from torch.utils.hooks import RemovableHandle
 from selfsup.models import (
     VisionTransformer,
     build_backbone,
-    random_keep_indices,
     sincos_pos_embed_2d,
     vit_base,
     vit_small,
     vit_tiny,
 )
+from selfsup.data.masking import random_keep_indices as random_mask
 from selfsup.models.vit import ClassAttentionBlock, DropPath
+
+
+def random_keep_indices(batch: int, num_patches: int, keep: int, shared: bool) -> Tensor:
+    """``keep`` random visible patch indices per image (the shared masking module, by count)."""
+    return random_mask(batch, num_patches, 1 - keep / num_patches, shared=shared)
 
 
 def _tiny(**kwargs: object) -> VisionTransformer:
@@ -168,24 +173,6 @@ def test_input_size_not_divisible_by_patch_is_rejected() -> None:
 
 
 # ------------------------------------------------------------------ token dropping
-def test_random_keep_indices_shared_and_per_sample() -> None:
-    gen = torch.Generator().manual_seed(0)
-    shared = random_keep_indices(5, 49, 12, shared=True, generator=gen)
-    assert shared.shape == (5, 12) and shared.dtype == torch.long
-    assert torch.equal(shared, shared[:1].expand(5, -1))
-    per_sample = random_keep_indices(5, 49, 12, shared=False, generator=gen)
-    assert per_sample.shape == (5, 12)
-    assert len({tuple(row.tolist()) for row in per_sample}) == 5
-    for row in torch.cat([shared, per_sample]):
-        assert len(set(row.tolist())) == 12
-        assert 0 <= int(row.min()) and int(row.max()) < 49
-    again = random_keep_indices(5, 49, 12, shared=False, generator=torch.Generator().manual_seed(0))
-    first = random_keep_indices(5, 49, 12, shared=False, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(again, first)
-    with pytest.raises(ValueError, match="keep must be in"):
-        random_keep_indices(2, 49, 0, shared=True)
-
-
 def test_block0_sees_cls_plus_kept_tokens() -> None:
     model = _tiny()
     seen, handle = _block0_token_counts(model)
