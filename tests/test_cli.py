@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -104,6 +105,9 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    with (resumed / "metrics.csv").open() as f:  # training time is continued across the resume, never reset
+        times = [float(row["train_time_s"]) for row in csv.DictReader(f)]
+    assert len(times) >= 2 and times[0] > 0 and all(b > a for a, b in zip(times, times[1:]))
 
 
 def test_bad_config_fails_before_work_naming_the_key(tmp_path, capsys):

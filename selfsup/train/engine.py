@@ -296,6 +296,8 @@ def pretrain(cfg: Config) -> Path:
                  image_size, total_steps, t.batch_size, total_steps / sampler.steps_per_epoch, n_params / 1e6,
                  device, fabric.world_size)
     metrics = MetricsLog(run_dir / "metrics.csv", start_step)
+    # Training wall-clock (monitors and checkpoints excluded), continued across resumes.
+    train_seconds = float(metrics.rows[-1].get("train_time_s") or 0.0) if metrics.rows else 0.0
     spectra = SpectrumLog(run_dir / "spectra.npz", start_step)
     knn_monitor = build_knn_monitor(cfg, data, mean, std, channels) if is_main and cfg.monitor.knn_every_steps else None
 
@@ -338,10 +340,12 @@ def pretrain(cfg: Config) -> Path:
             knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
             if is_main and (log_now or collapse_now or knn_now):
                 elapsed = time.perf_counter() - window_start
+                train_seconds += elapsed
                 row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
                                        "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
                                        **{k: float(v) for k, v in out.terms.items()},
-                                       "images_per_s": round(window_images / max(elapsed, 1e-9), 1)}
+                                       "images_per_s": round(window_images / max(elapsed, 1e-9), 1),
+                                       "train_time_s": round(train_seconds, 2)}
                 if collapse_now and out.embeddings is not None:
                     row.update(collapse_stats(out.embeddings))
                     spectra.append(step, out.embeddings)
@@ -353,6 +357,8 @@ def pretrain(cfg: Config) -> Path:
                 window_start, window_images = time.perf_counter(), 0
             if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
                 checkpoint(step)
+                if window_images == 0:  # a row was just logged: keep the checkpoint out of the next window
+                    window_start = time.perf_counter()
     except KeyboardInterrupt:
         checkpoint(step)
         progress.close()
