@@ -90,3 +90,22 @@ def test_masking_robustness_is_one_without_masking_and_below_one_with_it(tmp_pat
     assert result["mask_ratio_0.5"] < 1.0 and result["mask_ratio_0.9"] < 1.0
     again = masking_robustness.masked_similarities(run, [0.5], limit=50)  # seeded masks: reproducible
     assert again["mask_ratio_0.5"] == result["mask_ratio_0.5"]
+
+
+def test_plot_runs_reads_epochs_and_training_minutes(tmp_path: Path, monkeypatch, capsys) -> None:
+    import plot_runs
+
+    for name, rows in {"m2": [(0.5, 30, ""), (1.0, 60, 80.0), (2.0, 120, 82.5)], "m4": [(1.0, 120, 83.0)]}.items():
+        (tmp_path / name).mkdir()
+        lines = ["step,epoch,train_time_s,knn_top1"] + [f"{i},{e},{t},{v}" for i, (e, t, v) in enumerate(rows)]
+        (tmp_path / name / "metrics.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "fig.png"
+    monkeypatch.setattr(sys, "argv", ["plot_runs.py", str(out), f"{tmp_path / 'm2'}=M = 2", str(tmp_path / "m4")])
+    plot_runs.main()
+    finals = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert finals == {"M = 2": {"epoch": 2.0, "minutes": 2.0, "knn_top1": 82.5},
+                      "m4": {"epoch": 1.0, "minutes": 2.0, "knn_top1": 83.0}}
+    assert out.stat().st_size > 0
+    assert plot_runs.read_curve(tmp_path / "m2", "knn_top1") == [(1.0, 1.0, 80.0), (2.0, 2.0, 82.5)]
+    with pytest.raises(SystemExit, match="logged no 'linear'"):
+        plot_runs.read_curve(tmp_path / "m2", "linear")

@@ -1,0 +1,71 @@
+"""Plot one logged metric of several runs against epochs and against training wall-clock.
+
+    python benchmarks/plot_runs.py OUT.png RUN_DIR[=LABEL] [RUN_DIR[=LABEL] ...] [--metric knn_top1]
+
+Reads each run's ``metrics.csv`` (``epoch``, ``train_time_s`` and the metric) and draws two panels
+side by side: the metric per epoch, and per minute of training time (monitors and checkpoints
+excluded). Used for the figures of docs/reproductions.md, e.g. the online kNN accuracy of M = 2
+and M = 4 views (Ghosh et al. 2024, Fig. 4). Prints one JSON object: the final value of the
+metric per run, with its epoch and minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+
+def read_curve(run_dir: Path, metric: str) -> list[tuple[float, float, float]]:
+    """``(epoch, minutes, value)`` for every row of ``metrics.csv`` that logged ``metric``."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        raise SystemExit(f"{run_dir} has no metrics.csv; pass run directories written by `selfsup pretrain`")
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if rows and "train_time_s" not in rows[0]:
+        raise SystemExit(f"{path} has no train_time_s column (written by an older selfsup); re-run the pretraining")
+    curve = [(float(r["epoch"]), float(r["train_time_s"]) / 60, float(r[metric])) for r in rows if r.get(metric)]
+    if not curve:
+        raise SystemExit(f"{path} logged no {metric!r}; columns: {', '.join(rows[0]) if rows else 'none'}")
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("runs", nargs="+", help="RUN_DIR or RUN_DIR=LABEL")
+    parser.add_argument("--metric", default="knn_top1")
+    args = parser.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    finals = {}
+    for spec in args.runs:
+        run, _, label = spec.partition("=")
+        curve = read_curve(Path(run), args.metric)
+        epochs, minutes, values = zip(*curve)
+        label = label or Path(run).name
+        by_epoch.plot(epochs, values, marker="o", ms=3, label=label)
+        by_time.plot(minutes, values, marker="o", ms=3, label=label)
+        finals[label] = {"epoch": epochs[-1], "minutes": round(minutes[-1], 2), args.metric: values[-1]}
+    by_epoch.set_xlabel("epoch")
+    by_time.set_xlabel("training time (min)")
+    by_epoch.set_ylabel(args.metric)
+    for ax in (by_epoch, by_time):
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize=8)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=100)
+    plt.close(fig)
+    print(json.dumps(finals))
+
+
+if __name__ == "__main__":
+    main()
