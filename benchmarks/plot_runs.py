@@ -1,12 +1,16 @@
 """Plot one logged metric of several runs against epochs and against training wall-clock.
 
     python benchmarks/plot_runs.py OUT.png RUN_DIR[=LABEL] [RUN_DIR[=LABEL] ...] [--metric knn_top1]
+    python benchmarks/plot_runs.py OUT.png RUN_DIR[=LABEL] ... --spectra
 
 Reads each run's ``metrics.csv`` (``epoch``, ``train_time_s`` and the metric) and draws two panels
 side by side: the metric per epoch, and per minute of training time (monitors and checkpoints
 excluded). Used for the figures of docs/reproductions.md, e.g. the online kNN accuracy of M = 2
 and M = 4 views (Ghosh et al. 2024, Fig. 4). Prints one JSON object: the final value of the
 metric per run, with its epoch and minute.
+
+``--spectra`` instead draws each run's last recorded embedding eigenspectrum (``spectra.npz``,
+normalised eigenvalues by rank, log scale) and prints each run's effective rank there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import csv
 import json
 from pathlib import Path
+
+import numpy as np
 
 
 def read_curve(run_dir: Path, metric: str) -> list[tuple[float, float, float]]:
@@ -32,12 +38,58 @@ def read_curve(run_dir: Path, metric: str) -> list[tuple[float, float, float]]:
     return curve
 
 
+def last_spectrum(run_dir: Path) -> np.ndarray:
+    """The normalised eigenvalues of the last step recorded in ``spectra.npz``."""
+    path = run_dir / "spectra.npz"
+    if not path.is_file():
+        raise SystemExit(f"{run_dir} has no spectra.npz (set monitor.collapse_every_steps > 0 and re-run)")
+    with np.load(path) as saved:
+        return saved["eigenvalues"][-1]
+
+
+def effective_rank(spectrum: np.ndarray) -> float:
+    """RankMe of the embeddings behind ``spectrum`` (as ``collapse_stats``): exp of the entropy of
+    the normalised singular values, which are the square roots of the covariance eigenvalues."""
+    singular = np.sqrt(spectrum[spectrum > 0])
+    p = singular / singular.sum()
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def plot_spectra(out: Path, runs: list[str]) -> dict[str, float]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ranks = {}
+    for spec in runs:
+        run, _, label = spec.partition("=")
+        label = label or Path(run).name
+        values = last_spectrum(Path(run))
+        ax.semilogy(np.arange(1, len(values) + 1), np.where(values > 0, values, np.nan), label=label)
+        ranks[label] = round(effective_rank(values), 2)
+    ax.set_xlabel("eigenvalue rank")
+    ax.set_ylabel("normalised eigenvalue")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return ranks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("runs", nargs="+", help="RUN_DIR or RUN_DIR=LABEL")
     parser.add_argument("--metric", default="knn_top1")
+    parser.add_argument("--spectra", action="store_true", help="plot the last eigenspectrum of each run instead")
     args = parser.parse_args()
+    if args.spectra:
+        print(json.dumps({"effective_rank": plot_spectra(args.out, args.runs)}))
+        return
 
     import matplotlib
 

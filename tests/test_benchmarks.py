@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from selfsup.config import ConfigError
 
@@ -109,3 +110,24 @@ def test_plot_runs_reads_epochs_and_training_minutes(tmp_path: Path, monkeypatch
     assert plot_runs.read_curve(tmp_path / "m2", "knn_top1") == [(1.0, 1.0, 80.0), (2.0, 2.0, 82.5)]
     with pytest.raises(SystemExit, match="logged no 'linear'"):
         plot_runs.read_curve(tmp_path / "m2", "linear")
+
+
+def test_plot_runs_spectra_match_the_training_effective_rank(tmp_path: Path, monkeypatch, capsys) -> None:
+    import plot_runs
+
+    from selfsup.train.monitors import collapse_stats, eigenspectrum
+
+    embeddings = torch.randn(64, 16) @ torch.diag(torch.linspace(0.1, 2.0, 16))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        spectra = np.stack([np.full(16, 1 / 16), eigenspectrum(embeddings).numpy()])
+        np.savez(tmp_path / name / "spectra.npz", steps=np.array([1, 2]), eigenvalues=spectra)
+    out = tmp_path / "spectra.png"
+    monkeypatch.setattr(sys, "argv", ["plot_runs.py", str(out), f"{tmp_path / 'a'}=p = 256", str(tmp_path / "b"),
+                                      "--spectra"])
+    plot_runs.main()
+    ranks = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["effective_rank"]
+    expected = collapse_stats(embeddings)["effective_rank"]
+    assert ranks == {"p = 256": pytest.approx(expected, abs=0.01), "b": pytest.approx(expected, abs=0.01)}
+    assert out.stat().st_size > 0
+    assert plot_runs.effective_rank(np.full(16, 1 / 16)) == pytest.approx(16.0)
