@@ -21,6 +21,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from selfsup.train.monitors import effective_rank, plot_spectra
 
 
 def read_curve(run_dir: Path, metric: str) -> list[tuple[float, float, float]]:
@@ -47,37 +50,15 @@ def last_spectrum(run_dir: Path) -> np.ndarray:
         return saved["eigenvalues"][-1]
 
 
-def effective_rank(spectrum: np.ndarray) -> float:
-    """RankMe of the embeddings behind ``spectrum`` (as ``collapse_stats``): exp of the entropy of
-    the normalised singular values, which are the square roots of the covariance eigenvalues."""
-    singular = np.sqrt(spectrum[spectrum > 0])
-    p = singular / singular.sum()
-    return float(np.exp(-(p * np.log(p)).sum()))
-
-
-def plot_spectra(out: Path, runs: list[str]) -> dict[str, float]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    ranks = {}
+def plot_spectra_of_runs(out: Path, runs: list[str]) -> dict[str, float]:
+    """Plot the last eigenspectrum of each ``RUN_DIR[=LABEL]``; return each run's effective rank there."""
+    spectra = {}
     for spec in runs:
         run, _, label = spec.partition("=")
-        label = label or Path(run).name
-        values = last_spectrum(Path(run))
-        ax.semilogy(np.arange(1, len(values) + 1), np.where(values > 0, values, np.nan), label=label)
-        ranks[label] = round(effective_rank(values), 2)
-    ax.set_xlabel("eigenvalue rank")
-    ax.set_ylabel("normalised eigenvalue")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return ranks
+        spectra[label or Path(run).name] = last_spectrum(Path(run))
+    plot_spectra(out, spectra)
+    # Singular values of the embeddings are the square roots of their covariance eigenvalues.
+    return {label: round(effective_rank(torch.from_numpy(np.sqrt(values))), 2) for label, values in spectra.items()}
 
 
 def main() -> None:
@@ -88,7 +69,7 @@ def main() -> None:
     parser.add_argument("--spectra", action="store_true", help="plot the last eigenspectrum of each run instead")
     args = parser.parse_args()
     if args.spectra:
-        print(json.dumps({"effective_rank": plot_spectra(args.out, args.runs)}))
+        print(json.dumps({"effective_rank": plot_spectra_of_runs(args.out, args.runs)}))
         return
 
     import matplotlib

@@ -115,7 +115,7 @@ def test_plot_runs_reads_epochs_and_training_minutes(tmp_path: Path, monkeypatch
 def test_plot_runs_spectra_match_the_training_effective_rank(tmp_path: Path, monkeypatch, capsys) -> None:
     import plot_runs
 
-    from selfsup.train.monitors import collapse_stats, eigenspectrum
+    from selfsup.train.monitors import collapse_stats, effective_rank, eigenspectrum
 
     embeddings = torch.randn(64, 16) @ torch.diag(torch.linspace(0.1, 2.0, 16))
     for name in ("a", "b"):
@@ -130,4 +130,4 @@ def test_plot_runs_spectra_match_the_training_effective_rank(tmp_path: Path, mon
     expected = collapse_stats(embeddings)["effective_rank"]
     assert ranks == {"p = 256": pytest.approx(expected, abs=0.01), "b": pytest.approx(expected, abs=0.01)}
     assert out.stat().st_size > 0
-    assert plot_runs.effective_rank(np.full(16, 1 / 16)) == pytest.approx(16.0)
+    assert effective_rank(torch.full((16,), 1 / 16).sqrt()) == pytest.approx(16.0)

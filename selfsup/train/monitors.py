@@ -25,10 +25,13 @@ def collapse_stats(embeddings: torch.Tensor) -> dict[str, float]:
     z = embeddings.detach().float()
     d = z.shape[1]
     std = F.normalize(z, dim=1).std(dim=0).mean().item() * d ** 0.5
-    singular = torch.linalg.svdvals(z - z.mean(dim=0))
-    p = singular / singular.sum().clamp_min(1e-12)
-    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum()
-    return {"embedding_std": std, "effective_rank": float(torch.exp(entropy))}
+    return {"embedding_std": std, "effective_rank": effective_rank(torch.linalg.svdvals(z - z.mean(dim=0)))}
+
+
+def effective_rank(singular_values: torch.Tensor) -> float:
+    """RankMe (Garrido et al. 2023): exp of the entropy of the normalised singular values."""
+    p = singular_values / singular_values.sum().clamp_min(1e-12)
+    return float(torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum()))
 
 
 @torch.no_grad()
@@ -78,24 +81,28 @@ class SpectrumLog:
         """Sorted normalised eigenvalues on a log scale at up to ``curves`` evenly spaced recorded steps."""
         if not self.steps:
             return
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         picks = sorted(set(np.linspace(0, len(self.steps) - 1, min(curves, len(self.steps))).round().astype(int)))
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        for i in picks:
-            values = self.spectra[i]
-            ax.semilogy(np.arange(1, len(values) + 1), np.where(values > 0, values, np.nan), label=f"step {self.steps[i]}")
-        ax.set_xlabel("eigenvalue rank")
-        ax.set_ylabel("normalised eigenvalue")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        plot_spectra(path, {f"step {self.steps[i]}": self.spectra[i] for i in picks})
+
+
+def plot_spectra(path: Path, spectra: dict[str, np.ndarray]) -> None:
+    """One curve per labelled eigenspectrum: normalised eigenvalue against its rank, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for label, values in spectra.items():
+        ax.semilogy(np.arange(1, len(values) + 1), np.where(values > 0, values, np.nan), label=label)
+    ax.set_xlabel("eigenvalue rank")
+    ax.set_ylabel("normalised eigenvalue")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 class KNNMonitor:
