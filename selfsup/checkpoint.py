@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +26,69 @@ from torch import nn
 from selfsup.models import build_backbone
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
+TMP_SUFFIX = ".tmp"
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint or exported backbone is missing, corrupt or does not match the model."""
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Create ``path`` through ``write(tmp)`` on a temporary sibling, synced to disk, then renamed.
+
+    A crash at any point leaves either the old file or the new one, never a mix; a temporary left by
+    a killed process is removed by :func:`remove_stale_temporaries`. Permissions follow the umask.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Delete the temporaries of writes that a killed process left behind in a run directory."""
+    stale = [p for folder in (run_dir, run_dir / CHECKPOINT.parent) if folder.is_dir()
+             for p in folder.glob(f".*{TMP_SUFFIX}")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically: a crash mid-write leaves the previous checkpoint intact."""
-    _atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -60,8 +103,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def export_backbone(run_dir: Path, backbone: nn.Module, meta: dict[str, Any]) -> None:
     """Save the backbone weights as safetensors plus the JSON needed to rebuild it for evaluation."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-    _atomic_write(run_dir / "backbone.safetensors", lambda tmp: save_file(tensors, tmp))
-    _atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
+    atomic_write(run_dir / "backbone.safetensors", lambda tmp: save_file(tensors, tmp))
+    atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
 
 
 def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, dict[str, Any]]:
@@ -71,9 +114,12 @@ def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, 
     if not meta_path.is_file() or not weights_path.is_file():
         raise CheckpointError(f"{run_dir} has no exported backbone (backbone.json + backbone.safetensors); "
                               f"finish or resume the run with `selfsup pretrain {run_dir}`")
-    meta = json.loads(meta_path.read_text())
+    meta = read_backbone_meta(run_dir)
     torch.manual_seed(meta.get("seed", 0))
-    backbone = build_backbone(meta["backbone"], **meta["params"])
+    try:
+        backbone = build_backbone(meta["backbone"], **meta["params"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{meta_path}: cannot build {meta['backbone']} {meta['params']}: {err}") from err
     if not random_init:
         try:
             state = load_file(str(weights_path))
@@ -84,4 +130,35 @@ def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, 
         if missing or unexpected:
             raise CheckpointError(f"{weights_path} does not match backbone {meta['backbone']} {meta['params']}: "
                                   f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise CheckpointError(f"{weights_path} holds non-finite values in {', '.join(bad[:5])}; the file is "
+                                  f"corrupt or the run diverged: re-export it with `selfsup pretrain {run_dir}`")
     return backbone, meta
+
+
+# Keys of backbone.json and their types; evaluation and embedding need all of them.
+_META_KEYS: dict[str, type | tuple[type, ...]] = {"backbone": str, "params": dict, "image_size": int, "channels": int,
+                                                  "mean": list, "std": list}
+
+
+def read_backbone_meta(run_dir: Path) -> dict[str, Any]:
+    """``backbone.json`` of a run, checked: a malformed file is a :class:`CheckpointError` naming the problem."""
+    path = Path(run_dir) / "backbone.json"
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} has no exported backbone (backbone.json + backbone.safetensors); "
+                              f"finish or resume the run with `selfsup pretrain {run_dir}`")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); re-export it with `selfsup pretrain {run_dir}`") from err
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} must hold a JSON object; re-export it with `selfsup pretrain {run_dir}`")
+    for key, kind in _META_KEYS.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise CheckpointError(f"{path}: key {key!r} is missing or not a {getattr(kind, '__name__', kind)} "
+                                  f"(found {meta.get(key)!r}); re-export it with `selfsup pretrain {run_dir}`")
+    if meta["channels"] not in (1, 3) or len(meta["mean"]) != meta["channels"] or len(meta["std"]) != meta["channels"]:
+        raise CheckpointError(f"{path}: channels {meta['channels']} with mean {meta['mean']} and std {meta['std']} "
+                              f"do not agree; re-export it with `selfsup pretrain {run_dir}`")
+    return meta

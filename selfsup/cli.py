@@ -36,7 +36,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         cfg = load_config(target / "config.yaml", [f"trainer.out={target}", *args.overrides])
     else:
         cfg = load_config(target, args.overrides)
-    pretrain(cfg)
+    pretrain(cfg, allow_optim_change=args.allow_optim_change)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -81,26 +81,38 @@ def print_table(result: dict[str, float], baselines: list[str]) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
+    import os
+
     import numpy as np
     import torch
 
     from selfsup.checkpoint import load_backbone
-    from selfsup.data.datasets import load_dataset
+    from selfsup.data.datasets import load_image_files
     from selfsup.eval.features import extract_features
     from selfsup.eval.run import device_for
 
     backbone, meta = load_backbone(Path(args.run_dir))
-    data = load_dataset("imagefolder", root=args.images_dir, image_size=meta["image_size"], channels=meta["channels"],
-                        progress=sys.stderr.isatty())
+    folder = Path(args.images_dir)
+    data = load_image_files(folder, image_size=meta["image_size"], channels=meta["channels"],
+                            progress=sys.stderr.isatty())
     device = device_for()
     mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
     std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
-    feats = extract_features(backbone.to(device), data.images, device=device, transform=lambda x: (x - mean) / std)
+    feats = extract_features(backbone.to(device), data.images, device=device, transform=lambda x: (x - mean) / std,
+                             progress=sys.stderr.isatty())
     out = Path(args.out)
+    out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, feats.numpy())
-    print(json.dumps({"out": str(out), "num_images": feats.shape[0], "dim": feats.shape[1],
-                      "skipped": len(data.skipped)}))
+    # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); unreadable files are not rows.
+    files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
+    files.write_text("".join(os.path.relpath(p, folder) + "\n" for p in data.paths))
+    if data.skipped:
+        skipped.write_text("".join(os.path.relpath(p, folder) + "\n" for p in data.skipped))
+    else:
+        skipped.unlink(missing_ok=True)
+    print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
+                      "skipped": len(data.skipped), **({"skipped_files": str(skipped)} if data.skipped else {})}))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -117,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="pretrain a backbone; re-running on a run directory resumes it")
     p.add_argument("config", help="YAML config, or an existing run directory to resume")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.epochs=5 optim.lr=0.002")
+    p.add_argument("--allow-optim-change", action="store_true",
+                   help="resume a run with changed optim.* settings (e.g. a lower lr after a divergence); "
+                        "the changes are logged and appended to RUN_DIR/config_changes.log")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("eval", help="evaluate a run's exported backbone; last stdout line is JSON")
@@ -144,16 +159,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; exit codes: 0 done, 1 training diverged, 2 bad input (config, data, run directory),
+    128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM) after checkpointing the last whole step."""
+    from selfsup.data.datasets import DataError
+    from selfsup.train.engine import TrainingDiverged, TrainingInterrupted
+
     args = build_parser().parse_args(argv)
     _setup_logging()
     try:
         args.func(args)
-    except (ConfigError, CheckpointError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConfigError, CheckpointError, DataError, FileNotFoundError) as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return 128 + err.signum
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def one_line(err: Exception) -> str:
+    """The message of ``err`` on one line (a YAML or decoder message may span several)."""
+    return " ".join(str(err).split())
 
 
 if __name__ == "__main__":

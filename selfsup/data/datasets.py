@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 from tqdm.auto import tqdm
 
-__all__ = ["DATASETS", "ImageData", "default_root", "load_dataset"]
+__all__ = ["DATASETS", "DataError", "ImageData", "default_root", "load_dataset", "load_image_files"]
 
 DATASETS: tuple[str, ...] = (
     "fashion_mnist",
@@ -65,6 +65,10 @@ _LUMA = (0.299, 0.587, 0.114)
 _MAX_LISTED = 10
 
 
+class DataError(ValueError):
+    """A dataset is missing, malformed or unreadable; the message names the file or folder and the fix."""
+
+
 @dataclass
 class ImageData:
     """A whole dataset split in memory.
@@ -73,25 +77,27 @@ class ImageData:
     labels: int64 (N,), or None when the split has no labels.
     classes: class names indexed by label, or None.
     skipped: paths (or ids) of unreadable images that were left out.
+    paths: the file of each image (image folders), or None.
     """
 
     images: torch.Tensor
     labels: torch.Tensor | None
     classes: list[str] | None
     skipped: list[str] = field(default_factory=list)
+    paths: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
-            raise ValueError(
+            raise DataError(
                 f"ImageData.images must be uint8 (N, C, H, W); got {self.images.dtype} "
                 f"{tuple(self.images.shape)}"
             )
         if self.images.shape[1] not in (1, 3):
-            raise ValueError(f"ImageData.images must have 1 or 3 channels; got {self.images.shape[1]}")
+            raise DataError(f"ImageData.images must have 1 or 3 channels; got {self.images.shape[1]}")
         self.images = self.images.contiguous()
         if self.labels is not None:
             if self.labels.dtype != torch.int64 or self.labels.shape != (len(self.images),):
-                raise ValueError(
+                raise DataError(
                     f"ImageData.labels must be int64 of shape ({len(self.images)},); got "
                     f"{self.labels.dtype} {tuple(self.labels.shape)}"
                 )
@@ -105,7 +111,8 @@ class ImageData:
         if idx.dtype != torch.bool:
             idx = idx.to(torch.int64)
         labels = None if self.labels is None else self.labels[idx]
-        return ImageData(self.images[idx].contiguous(), labels, self.classes, list(self.skipped))
+        paths = None if self.paths is None else [self.paths[i] for i in torch.arange(len(self))[idx].tolist()]
+        return ImageData(self.images[idx].contiguous(), labels, self.classes, list(self.skipped), paths)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -142,7 +149,8 @@ def load_dataset(
     name: one of :data:`DATASETS`.
     split: "train" / "test" (STL-10 also "unlabeled", "train+unlabeled"). For imagefolder and
         tensors, ``root/<split>`` (a folder, or ``<split>.pt`` / ``<split>.npz``) is used when it
-        exists; "train" falls back to ``root`` itself.
+        exists; "train" falls back to ``root`` itself. An image folder's other splits are labelled
+        with the training split's class folders (by name), so labels agree across splits.
     root: data location; None uses :func:`default_root`.
     image_size: output side length; images are resized (antialiased bilinear; image folders
         with PIL bicubic at decode time), non-square ones on the shorter side followed by a
@@ -154,13 +162,13 @@ def load_dataset(
     """
     _check_name(name)
     if not (isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0):
-        raise ValueError(f"fraction must be in (0, 1]; got {fraction!r} (use 1.0 to keep everything)")
+        raise DataError(f"fraction must be in (0, 1]; got {fraction!r} (use 1.0 to keep everything)")
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
-        raise ValueError(f"image_size must be a positive int or None; got {image_size!r}")
+        raise DataError(f"image_size must be a positive int or None; got {image_size!r}")
     if channels is not None and channels not in (1, 3):
-        raise ValueError(f"channels must be 1, 3 or None; got {channels!r}")
+        raise DataError(f"channels must be 1, 3 or None; got {channels!r}")
     if name in _SPLITS and split not in _SPLITS[name]:
-        raise ValueError(f"unknown split {split!r} for {name}; choose one of {list(_SPLITS[name])}")
+        raise DataError(f"unknown split {split!r} for {name}; choose one of {list(_SPLITS[name])}")
 
     def select(n: int) -> torch.Tensor | None:
         return _subset_indices(n, fraction, seed)
@@ -172,8 +180,10 @@ def load_dataset(
     elif name == "stl10":
         data = _load_stl10(split, _resolve_root(name, root), select)
     elif name == "imagefolder":
-        data = _load_imagefolder(_split_dir(_require_root(name, root), split), image_size,
-                                 channels or 3, select, progress)
+        folder_root = _require_root(name, root)
+        folder = _split_dir(folder_root, split)
+        paths, labels, classes = _scan_folder(folder, _reference_classes(folder_root, split))
+        data = _decode_files(folder, paths, labels, classes, image_size, channels or 3, select, progress)
     elif name == "tensors":
         data = _load_tensors(_split_file(_require_root(name, root), split), select)
     else:
@@ -185,7 +195,7 @@ def load_dataset(
     if image_size is not None:
         images = _resize(images, image_size)
     if images is not data.images:
-        data = ImageData(images, data.labels, data.classes, data.skipped)
+        data = ImageData(images, data.labels, data.classes, data.skipped, data.paths)
     return data
 
 
@@ -194,7 +204,7 @@ def load_dataset(
 
 def _check_name(name: str) -> None:
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+        raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
 
 
 def _subset_indices(n: int, fraction: float, seed: int) -> torch.Tensor | None:
@@ -220,7 +230,7 @@ def _resolve_root(name: str, root: str | None) -> Path:
 
 def _require_root(name: str, root: str | None) -> Path:
     if root is None:
-        raise ValueError(f"dataset {name!r} needs root=PATH (config: data.root=PATH)")
+        raise DataError(f"dataset {name!r} needs root=PATH (config: data.root=PATH)")
     path = Path(root).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{name} root {path} does not exist; check data.root")
@@ -229,7 +239,7 @@ def _require_root(name: str, root: str | None) -> Path:
 
 def _split_dir(root: Path, split: str) -> Path:
     if not root.is_dir():
-        raise NotADirectoryError(f"imagefolder root {root} is not a directory; check data.root")
+        raise DataError(f"imagefolder root {root} is not a directory; check data.root")
     if (root / split).is_dir():
         return root / split
     if split == "train":
@@ -328,17 +338,17 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
         else:
             raw = path.read_bytes()
     except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise ValueError(f"{path}: cannot read IDX file ({err}); the file is corrupt, re-download it") from err
+        raise DataError(f"{path}: cannot read IDX file ({err}); the file is corrupt, re-download it") from err
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{path}: file is truncated ({len(raw)} bytes); re-download it")
+        raise DataError(f"{path}: file is truncated ({len(raw)} bytes); re-download it")
     (found,) = struct.unpack(">I", raw[:4])
     if found != magic:
-        raise ValueError(f"{path}: bad IDX magic number {found} (expected {magic}); wrong or corrupt file")
+        raise DataError(f"{path}: bad IDX magic number {found} (expected {magic}); wrong or corrupt file")
     dims = struct.unpack(f">{ndim}I", raw[4:header])
     expected = int(np.prod(dims))
     if len(raw) - header != expected:
-        raise ValueError(
+        raise DataError(
             f"{path}: IDX header announces {dims} = {expected} bytes of data but the file has "
             f"{len(raw) - header}; the file is truncated or corrupt, re-download it"
         )
@@ -352,7 +362,7 @@ def _load_idx(name: str, split: str, root: Path, select: Callable[[int], torch.T
     images = _read_idx(img_path, _IDX_IMAGES_MAGIC, 3)
     labels = _read_idx(lbl_path, _IDX_LABELS_MAGIC, 1)
     if len(images) != len(labels):
-        raise ValueError(f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)} labels")
+        raise DataError(f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)} labels")
     img_t = torch.from_numpy(images.copy()).unsqueeze(1)
     lbl_t = torch.from_numpy(labels.astype(np.int64))
     img_t, lbl_t = _take(img_t, lbl_t, select(len(img_t)))
@@ -417,9 +427,9 @@ def _read_pickle(path: Path) -> dict:
         with open(path, "rb") as f:
             obj = _SafeUnpickler(f, encoding="bytes").load()
     except Exception as err:  # any unpickling failure means a corrupt or foreign file
-        raise ValueError(f"{path}: not a valid CIFAR python pickle ({err}); re-extract the archive") from err
+        raise DataError(f"{path}: not a valid CIFAR python pickle ({err}); re-extract the archive") from err
     if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
+        raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     return obj
 
 
@@ -447,13 +457,13 @@ def _load_cifar(name: str, split: str, root: Path, select: Callable[[int], torch
         obj = _read_pickle(path)
         for key in (b"data", spec["label_key"]):
             if key not in obj:
-                raise ValueError(f"{path}: key {key!r} missing; not a {name} batch file")
+                raise DataError(f"{path}: key {key!r} missing; not a {name} batch file")
         data = np.asarray(obj[b"data"])
         lab = np.asarray(obj[spec["label_key"]], dtype=np.int64)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-            raise ValueError(f"{path}: b'data' must be uint8 (N, 3072); got {data.dtype} {data.shape}")
+            raise DataError(f"{path}: b'data' must be uint8 (N, 3072); got {data.dtype} {data.shape}")
         if lab.shape != (len(data),):
-            raise ValueError(f"{path}: {len(data)} images but labels of shape {lab.shape}")
+            raise DataError(f"{path}: {len(data)} images but labels of shape {lab.shape}")
         images.append(data.reshape(-1, 3, 32, 32))
         labels.append(lab)
     classes = None
@@ -489,7 +499,7 @@ def _stl_images(path: Path) -> np.ndarray:
         raise FileNotFoundError(f"stl10: missing {path}; re-extract stl10_binary.tar.gz there")
     size = path.stat().st_size
     if size == 0 or size % _STL_BYTES:
-        raise ValueError(
+        raise DataError(
             f"{path}: size {size} bytes is not a multiple of one 3x96x96 image ({_STL_BYTES}); "
             f"the file is truncated or corrupt"
         )
@@ -501,9 +511,9 @@ def _stl_labels(path: Path, n: int) -> np.ndarray:
         raise FileNotFoundError(f"stl10: missing {path}; re-extract stl10_binary.tar.gz there")
     raw = np.fromfile(path, dtype=np.uint8).astype(np.int64)
     if len(raw) != n:
-        raise ValueError(f"{path}: {len(raw)} labels for {n} images; the file is truncated or corrupt")
+        raise DataError(f"{path}: {len(raw)} labels for {n} images; the file is truncated or corrupt")
     if len(raw) and (raw.min() < 1 or raw.max() > 10):
-        raise ValueError(f"{path}: labels must be 1..10; found {raw.min()}..{raw.max()}")
+        raise DataError(f"{path}: labels must be 1..10; found {raw.min()}..{raw.max()}")
     return raw - 1
 
 
@@ -557,26 +567,63 @@ def _images_under(folder: Path) -> list[Path]:
     return found
 
 
-def _scan_folder(root: Path) -> tuple[list[Path], list[int] | None, list[str] | None]:
-    """Image paths, their labels and class names (labels/classes None when there are no class folders)."""
+def _class_folders(root: Path) -> list[str]:
+    """Names of the sub-folders of ``root`` that hold at least one image (the classes), sorted."""
+    def has_image(folder: Path) -> bool:
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            if any(_is_image(Path(dirpath) / f) for f in filenames):
+                return True
+        return False
+
+    return [d.name for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and has_image(d)]
+
+
+def _reference_classes(root: Path, split: str) -> list[str] | None:
+    """The training split's class names, which label every other split of the same image folder.
+
+    None for the training split itself, or when the training split has no class folders.
+    """
+    if split == "train":
+        return None
+    train = root / "train" if (root / "train").is_dir() else root
+    classes = [c for c in _class_folders(train) if train != root or c != split]
+    return classes or None
+
+
+def _scan_folder(root: Path, reference: list[str] | None = None) -> tuple[list[Path], list[int] | None, list[str] | None]:
+    """Image paths, their labels and class names (labels/classes None when there are no class folders).
+
+    ``reference``: class names of the training split; labels are their indices, matched by folder
+    name, so a split that lacks a class (or has an empty class folder) keeps the training labels.
+    """
     direct = sorted(p for p in root.iterdir() if _is_image(p))
     subdirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     per_class = [(d.name, _images_under(d)) for d in subdirs]
     per_class = [(n, files) for n, files in per_class if files]
     if per_class and direct:
-        raise ValueError(
+        raise DataError(
             f"{root} holds both images ({direct[0].name}, ...) and class folders "
             f"({per_class[0][0]}, ...); move the loose images into a class folder, or point "
             f"root at a folder of one kind"
         )
     if per_class:
+        classes = reference if reference is not None else [n for n, _ in per_class]
+        index = {name: i for i, name in enumerate(classes)}
+        unseen = [n for n, _ in per_class if n not in index]
+        if unseen:
+            raise DataError(
+                f"{root} has class folders without training images: {', '.join(unseen[:_MAX_LISTED])} "
+                f"(training classes: {', '.join(classes[:_MAX_LISTED])}{', ...' if len(classes) > _MAX_LISTED else ''}); "
+                f"add their training images or remove them from this split"
+            )
         paths, labels = [], []
-        for label, (_, files) in enumerate(per_class):
+        for name, files in per_class:
             paths.extend(files)
-            labels.extend([label] * len(files))
-        return paths, labels, [n for n, _ in per_class]
+            labels.extend([index[name]] * len(files))
+        return paths, labels, list(classes)
     if not direct:
-        raise ValueError(
+        raise DataError(
             f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root} or its sub-folders; "
             f"check data.root"
         )
@@ -602,9 +649,25 @@ def _decode(path: Path, size: int | None, mode: str) -> np.ndarray:
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def _load_imagefolder(root: Path, image_size: int | None, channels: int,
-                      select: Callable[[int], torch.Tensor | None], progress: bool) -> ImageData:
-    paths, labels, classes = _scan_folder(root)
+def load_image_files(folder: str | Path, image_size: int | None = None, channels: int = 3,
+                     progress: bool = True) -> ImageData:
+    """Every image under ``folder`` (loose files and sub-folders alike, sorted by path), unlabelled.
+
+    For embedding a folder: ``paths`` gives the file of each row, ``skipped`` the unreadable ones.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{root} is not a directory of images; pass the folder that holds them")
+    paths = _images_under(root)
+    if not paths:
+        raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root} or its sub-folders")
+    return _decode_files(root, paths, None, None, image_size, channels, lambda n: None, progress)
+
+
+def _decode_files(root: Path, paths: list[Path], labels: list[int] | None, classes: list[str] | None,
+                  image_size: int | None, channels: int, select: Callable[[int], torch.Tensor | None],
+                  progress: bool) -> ImageData:
+    """Decode ``paths`` (a seeded subset of them) in threads; unreadable files are skipped and reported once."""
     idx = select(len(paths))
     if idx is not None:
         paths = [paths[i] for i in idx.tolist()]
@@ -627,7 +690,7 @@ def _load_imagefolder(root: Path, image_size: int | None, channels: int,
     ok = [i for i, a in enumerate(arrays) if a is not None]
     skipped = [str(paths[i]) for i, a in enumerate(arrays) if a is None]
     if not ok:
-        raise ValueError(f"none of the {len(paths)} images in {root} could be decoded; check the files")
+        raise DataError(f"none of the {len(paths)} images in {root} could be decoded; check the files")
     if skipped:
         names = [os.path.relpath(p, root) for p in skipped]
         listed = ", ".join(names[:_MAX_LISTED])
@@ -642,13 +705,13 @@ def _load_imagefolder(root: Path, image_size: int | None, channels: int,
         for i in ok:
             by_shape.setdefault(arrays[i].shape, paths[i])
         examples = "; ".join(f"{p.name} is {s[1]}x{s[0]}" for s, p in list(by_shape.items())[:3])
-        raise ValueError(
+        raise DataError(
             f"images in {root} have different sizes ({examples}); pass image_size=N "
             f"(config: data.image_size=N) to resize and center-crop them"
         )
     images = torch.from_numpy(np.stack([arrays[i] for i in ok])).permute(0, 3, 1, 2).contiguous()
     lbl = None if labels is None else torch.tensor([labels[i] for i in ok], dtype=torch.int64)
-    return ImageData(images, lbl, classes, skipped)
+    return ImageData(images, lbl, classes, skipped, [str(paths[i]) for i in ok])
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -658,39 +721,39 @@ def _as_uint8_images(arr: torch.Tensor, path: Path) -> torch.Tensor:
     if arr.ndim == 3:
         arr = arr.unsqueeze(1)
     if arr.ndim != 4:
-        raise ValueError(f"{path}: 'images' must be (N, C, H, W) or (N, H, W); got shape {tuple(arr.shape)}")
+        raise DataError(f"{path}: 'images' must be (N, C, H, W) or (N, H, W); got shape {tuple(arr.shape)}")
     if arr.shape[1] not in (1, 3):
         hint = (" (looks channels-last: store images.permute(0, 3, 1, 2))"
                 if arr.shape[-1] in (1, 3) else "")
-        raise ValueError(f"{path}: 'images' must have 1 or 3 channels in dim 1; got shape "
+        raise DataError(f"{path}: 'images' must have 1 or 3 channels in dim 1; got shape "
                          f"{tuple(arr.shape)}{hint}")
     if len(arr) == 0:
-        raise ValueError(f"{path}: 'images' is empty")
+        raise DataError(f"{path}: 'images' is empty")
     if arr.dtype == torch.uint8:
         return arr.contiguous()
     if arr.is_floating_point():
         if not bool(torch.isfinite(arr).all()):
-            raise ValueError(f"{path}: float 'images' contain NaN or inf")
+            raise DataError(f"{path}: float 'images' contain NaN or inf")
         lo, hi = float(arr.min()), float(arr.max())
         if lo < 0.0 or hi > 1.0:
-            raise ValueError(f"{path}: float 'images' must lie in [0, 1]; found [{lo:g}, {hi:g}] "
+            raise DataError(f"{path}: float 'images' must lie in [0, 1]; found [{lo:g}, {hi:g}] "
                              f"(store uint8 0..255 or floats in [0, 1])")
         return (arr.float() * 255.0).round_().to(torch.uint8).contiguous()
     if not arr.is_complex() and arr.dtype != torch.bool:  # remaining dtypes are integers
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi > 255:
-            raise ValueError(f"{path}: integer 'images' must lie in 0..255; found {lo}..{hi}")
+            raise DataError(f"{path}: integer 'images' must lie in 0..255; found {lo}..{hi}")
         return arr.to(torch.uint8).contiguous()
-    raise ValueError(f"{path}: 'images' has unsupported dtype {arr.dtype}; store uint8 or float in [0, 1]")
+    raise DataError(f"{path}: 'images' has unsupported dtype {arr.dtype}; store uint8 or float in [0, 1]")
 
 
 def _as_labels(arr: torch.Tensor, n: int, path: Path) -> torch.Tensor:
     if arr.is_floating_point() or arr.is_complex() or arr.dtype == torch.bool:
-        raise ValueError(f"{path}: 'labels' must be integers; got {arr.dtype}")
+        raise DataError(f"{path}: 'labels' must be integers; got {arr.dtype}")
     if arr.shape != (n,):
-        raise ValueError(f"{path}: 'labels' must have shape ({n},) to match images; got {tuple(arr.shape)}")
+        raise DataError(f"{path}: 'labels' must have shape ({n},) to match images; got {tuple(arr.shape)}")
     if n and int(arr.min()) < 0:
-        raise ValueError(f"{path}: 'labels' must be >= 0; found {int(arr.min())}")
+        raise DataError(f"{path}: 'labels' must be >= 0; found {int(arr.min())}")
     return arr.to(torch.int64)
 
 
@@ -700,10 +763,10 @@ def _load_tensors(path: Path, select: Callable[[int], torch.Tensor | None]) -> I
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
-            raise ValueError(f"{path}: cannot load with torch.load(weights_only=True) ({err}); save a "
+            raise DataError(f"{path}: cannot load with torch.load(weights_only=True) ({err}); save a "
                              f"dict of tensors with torch.save") from err
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}: expected a dict with 'images' (and optional 'labels'); got "
+            raise DataError(f"{path}: expected a dict with 'images' (and optional 'labels'); got "
                              f"{type(obj).__name__}")
         raw = {k: obj[k] for k in ("images", "labels", "classes") if k in obj}
     elif suffix == ".npz":
@@ -711,18 +774,18 @@ def _load_tensors(path: Path, select: Callable[[int], torch.Tensor | None]) -> I
             with np.load(path, allow_pickle=False) as npz:
                 raw = {k: npz[k] for k in ("images", "labels", "classes") if k in npz.files}
         except Exception as err:
-            raise ValueError(f"{path}: cannot read as .npz ({err})") from err
+            raise DataError(f"{path}: cannot read as .npz ({err})") from err
     else:
-        raise ValueError(f"{path}: tensors must be a .pt/.pth or .npz file; got {suffix or 'no extension'!r}")
+        raise DataError(f"{path}: tensors must be a .pt/.pth or .npz file; got {suffix or 'no extension'!r}")
     if "images" not in raw:
-        raise ValueError(f"{path}: no 'images' entry; save {{'images': uint8 (N, C, H, W), 'labels': ...}}")
+        raise DataError(f"{path}: no 'images' entry; save {{'images': uint8 (N, C, H, W), 'labels': ...}}")
 
     def as_tensor(x: object, key: str) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
             return x
         if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":
             return torch.from_numpy(x)
-        raise ValueError(f"{path}: {key!r} must be a tensor or numeric array; got {type(x).__name__}")
+        raise DataError(f"{path}: {key!r} must be a tensor or numeric array; got {type(x).__name__}")
 
     images = _as_uint8_images(as_tensor(raw["images"], "images"), path)
     labels = _as_labels(as_tensor(raw["labels"], "labels"), len(images), path) if "labels" in raw else None
@@ -732,7 +795,7 @@ def _load_tensors(path: Path, select: Callable[[int], torch.Tensor | None]) -> I
         if isinstance(names, np.ndarray):
             names = names.tolist()
         if not isinstance(names, (list, tuple)):
-            raise ValueError(f"{path}: 'classes' must be a list of names; got {type(names).__name__}")
+            raise DataError(f"{path}: 'classes' must be a list of names; got {type(names).__name__}")
         classes = [str(c) for c in names]
     images, labels = _take(images, labels, select(len(images)))
     return ImageData(images, labels, classes, [])

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from selfsup.checkpoint import CheckpointError, load_backbone
+from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
 from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import load_dataset
@@ -63,21 +63,28 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
         raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
                           f"(views averaged per image; Ghosh et al. 2024 use 16)")
     d = cfg.data
+    device = device_for()
+    # The backbone first (a bad export fails before any data is read); images are read as it was trained:
+    # with the channels and size recorded in backbone.json.
+    meta = None
+    if baseline != "raw":
+        model, meta = load_backbone(run_dir, random_init=baseline == "random")
+        model.to(device)
+    elif (Path(run_dir) / "backbone.json").is_file():
+        meta = read_backbone_meta(run_dir)
+    channels, image_size = (meta["channels"], meta["image_size"]) if meta else (d.channels, d.image_size)
     splits = []
     for split in (d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train", d.eval_split):
-        data = load_dataset(d.dataset, split, root=d.root, image_size=d.image_size, channels=d.channels,
+        data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels,
                             progress=progress)
         if data.labels is None:
             raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
                               f"(set data.train_split / data.eval_split)")
         splits.append(data)
     train, test = splits
-    device = device_for()
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
     else:
-        model, meta = load_backbone(run_dir, random_init=baseline == "random")
-        model.to(device)
         mean_std = (tuple(meta["mean"]), tuple(meta["std"]))
         mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
         std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)

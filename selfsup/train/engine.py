@@ -13,7 +13,10 @@ import csv
 import dataclasses
 import inspect
 import logging
+import math
+import signal
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -23,10 +26,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, save_checkpoint
+from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, remove_stale_temporaries,
+                                save_checkpoint)
 from selfsup.config import Config, ConfigError, OptimConfig, save_config, to_dict
 from selfsup.data.augment import Augment, augment_config
-from selfsup.data.datasets import ImageData, load_dataset
+from selfsup.data.datasets import DATASETS, ImageData, load_dataset
 from selfsup.data.sampler import StepSampler
 from selfsup.methods import build_method, method_config
 from selfsup.models import BACKBONES, build_backbone
@@ -35,6 +39,10 @@ from selfsup.train.optim import build_optimizer
 from selfsup.train.schedules import constant_schedule, cosine_schedule, stretched
 
 log = logging.getLogger("selfsup")
+
+# A parameter larger than this in magnitude means the weights are exploding (a divergence under way):
+# such a state is never checkpointed or exported. Healthy networks stay many orders of magnitude below.
+MAX_SANE_WEIGHT = 1e6
 
 # Keys that may change when a run is resumed: they do not affect the computation.
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
@@ -124,14 +132,38 @@ def validate(cfg: Config) -> None:
     if cfg.optim.schedule_stretch < 1:
         raise ConfigError(f"bad value for optim.schedule_stretch: {cfg.optim.schedule_stretch}; use a number >= 1 "
                           "(1 = schedules end with training; MSN's code uses 1.25)")
+    if cfg.data.dataset not in DATASETS:
+        raise ConfigError(f"bad value for data.dataset: {cfg.data.dataset!r}; allowed values: {', '.join(DATASETS)}")
+    if cfg.data.channels not in (None, 1, 3):
+        raise ConfigError(f"bad value for data.channels: {cfg.data.channels}; use 1, 3 or null (the stored channels)")
+    t, m = cfg.trainer, cfg.monitor
+    for key, value, least, hint in (
+            ("data.image_size", cfg.data.image_size, 1, "a side length in pixels, or null (the stored size)"),
+            ("trainer.batch_size", t.batch_size, 2, "the global batch, at least 2"),
+            ("trainer.devices", t.devices, 1, "the number of processes per node, at least 1"),
+            ("trainer.num_nodes", t.num_nodes, 1, "at least 1"),
+            ("trainer.max_steps", t.max_steps, 0, "a number of steps >= 0 (0 exports the initial backbone), or null"),
+            ("trainer.num_threads", t.num_threads, 1, "at least 1, or null (torch's default)"),
+            ("trainer.log_every_steps", t.log_every_steps, 1, "at least 1"),
+            ("trainer.checkpoint_every_steps", t.checkpoint_every_steps, 1, "at least 1"),
+            ("monitor.knn_every_steps", m.knn_every_steps, 0, "a number of steps, 0 = off"),
+            ("monitor.collapse_every_steps", m.collapse_every_steps, 0, "a number of steps, 0 = off")):
+        if value is not None and value < least:
+            raise ConfigError(f"bad value for {key}: {value}; use {hint}")
     if not 0 < cfg.data.fraction <= 1:
         raise ConfigError(f"bad value for data.fraction: {cfg.data.fraction}; use a number in (0, 1]")
-    if cfg.trainer.batch_size < 2:
-        raise ConfigError("trainer.batch_size must be at least 2")
+    if t.max_steps is None and not t.epochs > 0:
+        raise ConfigError(f"bad value for trainer.epochs: {t.epochs}; use a positive number (or set trainer.max_steps)")
 
 
-def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path) -> None:
-    """Refuse to resume a run directory whose config differs in anything that changes the computation."""
+def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path,
+                            allowed: tuple[str, ...] = ()) -> list[str]:
+    """Refuse to resume a run directory whose config differs in anything that changes the computation.
+
+    Differences under the ``allowed`` sections (e.g. ``("optim",)``) are accepted and returned as
+    ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
+    not a change: it is measured again on the same data.
+    """
 
     def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(tree, dict):
@@ -141,13 +173,29 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
             return out
         return {prefix[:-1]: tree}
 
+    def under(key: str, sections) -> bool:
+        return any(key == r or key.startswith(r + ".") for r in sections)
+
     old, new = flatten(saved), flatten(current)
-    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
-             and not any(k == r or k.startswith(r + ".") for r in RESUMABLE_CHANGES)]
-    if diffs:
-        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs[:5])
+    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k) and not under(k, RESUMABLE_CHANGES)
+             and not (k.startswith(("data.mean", "data.std")) and new.get(k) is None)]
+    refused = [k for k in diffs if not under(k, allowed)]
+    if refused:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in refused[:5])
+        hint = (" To resume with other optim.* settings, add --allow-optim-change."
+                if all(under(k, ("optim",)) for k in refused) else "")
         raise ConfigError(f"{run_dir} holds a run with a different config ({shown}). Resume it with "
-                          f"`selfsup pretrain {run_dir}`, or start a new run with trainer.out=<new dir>")
+                          f"`selfsup pretrain {run_dir}`, or start a new run with trainer.out=<new dir>.{hint}")
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs]
+
+
+def record_config_changes(run_dir: Path, step: int, changes: list[str]) -> None:
+    """Log the accepted config changes of a resume and append them to ``config_changes.log``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with (run_dir / "config_changes.log").open("a") as f:
+        for change in changes:
+            log.warning("resuming at step %d with a changed config: %s", step, change)
+            f.write(f"{stamp} step {step}: {change}\n")
 
 
 class MetricsLog:
@@ -167,12 +215,14 @@ class MetricsLog:
         columns: list[str] = []
         for row in self.rows:
             columns.extend(k for k in row if k not in columns)
-        tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        tmp.replace(self.path)
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(self.rows)
+
+        atomic_write(self.path, write)
 
 
 def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> None:
@@ -227,8 +277,71 @@ class Progress:
 # The loop
 
 
-def pretrain(cfg: Config) -> Path:
-    """Pretrain ``cfg.method`` and export the backbone into ``cfg.trainer.out``; resumes an existing run."""
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training at a step boundary, after a checkpoint of that step was written."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path) -> None:
+        super().__init__(f"{signal.Signals(signum).name} at step {step}; checkpoint saved. "
+                         f"Re-run `selfsup pretrain {run_dir}` to resume")
+        self.signum = signum
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became non-finite (or the weights exploded); the message says which checkpoint is left."""
+
+
+class StopSignals:
+    """SIGINT / SIGTERM during training are remembered and acted on at the next step boundary.
+
+    Stopping mid-step (inside the forward pass, BatchNorm's statistics update or the optimiser
+    step) would leave a state that no step count describes; deferring keeps every checkpoint the
+    exact state after a whole number of steps. A second signal stops at once, without a checkpoint
+    (the previous one stays).
+    """
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.signum:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s received: stopping after the current step with a checkpoint (send it again to stop at once, "
+                    "keeping the previous checkpoint)", signal.Signals(signum).name)
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def unhealthy(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why the weights or optimiser state are unfit to checkpoint (non-finite, or exploded), or None."""
+    for name, param in model.named_parameters():
+        largest = float(param.detach().abs().max()) if param.numel() else 0.0
+        if not math.isfinite(largest):
+            return f"parameter {name} is not finite"
+        if largest > MAX_SANE_WEIGHT:
+            return f"parameter {name} reaches |w| = {largest:.3g} (> {MAX_SANE_WEIGHT:g}: the weights are exploding)"
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"optimiser state {key!r} is not finite"
+    return None
+
+
+def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
+    """Pretrain ``cfg.method`` and export the backbone into ``cfg.trainer.out``; resumes an existing run.
+
+    ``allow_optim_change``: resume even though ``optim.*`` settings differ from the run's (e.g. a
+    lower lr after a divergence); each change is logged and appended to ``config_changes.log``.
+    """
     from lightning.fabric import Fabric
 
     validate(cfg)
@@ -248,8 +361,10 @@ def pretrain(cfg: Config) -> Path:
     # Resume bookkeeping (config compatibility is checked before touching the data).
     ckpt_path = run_dir / CHECKPOINT
     state = load_checkpoint(ckpt_path) if ckpt_path.is_file() else None
+    changes: list[str] = []
     if state is not None:
-        check_resume_compatible(state["config"], to_dict(cfg), run_dir)
+        changes = check_resume_compatible(state["config"], to_dict(cfg), run_dir,
+                                          allowed=("optim",) if allow_optim_change else ())
 
     # Data: the pretraining split in memory, uint8.
     data = load_dataset(cfg.data.dataset, cfg.data.train_split, root=cfg.data.root, image_size=cfg.data.image_size,
@@ -261,10 +376,11 @@ def pretrain(cfg: Config) -> Path:
     augmenters = build_augmenters(cfg, image_size, mean, std)
 
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
-    total_steps = t.max_steps or max(1, int(round(t.epochs * sampler.steps_per_epoch)))
+    total_steps = t.max_steps if t.max_steps is not None else max(1, int(round(t.epochs * sampler.steps_per_epoch)))
+    schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, schedules.
-    params, method = build_model(cfg, channels, image_size, total_steps)
+    params, method = build_model(cfg, channels, image_size, schedule_steps)
     if fabric.world_size > 1 and t.sync_batchnorm:
         if fabric.device.type == "cuda":
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
@@ -275,13 +391,21 @@ def pretrain(cfg: Config) -> Path:
     o = cfg.optim
     base_lr = o.lr * (t.batch_size / 256 if o.lr_scaling == "linear" else 1.0)
     warmup = int(round(o.warmup_epochs * sampler.steps_per_epoch))
-    lr_schedule, wd_schedule = lr_wd_schedules(o, base_lr, total_steps, warmup)
+    lr_schedule, wd_schedule = lr_wd_schedules(o, base_lr, schedule_steps, warmup)
 
-    start_step = 0
+    start_step, train_seconds = 0, 0.0
     if state is not None:
         method.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if state["config"]["optim"]["name"] == o.name:
+            # The saved moments, with this config's hyper-parameters (betas, momentum...; lr and wd are set per step).
+            hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            optimizer.load_state_dict(state["optimizer"])
+            for group, values in zip(optimizer.param_groups, hyper):
+                group.update(values)
+        elif is_main:
+            log.warning("optim.name changed to %s: the optimiser starts with fresh state", o.name)
         start_step = int(state["step"])
+        train_seconds = float(state.get("train_time_s", 0.0))
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     raw_method = method
     method, optimizer = fabric.setup(method, optimizer)
@@ -289,84 +413,118 @@ def pretrain(cfg: Config) -> Path:
 
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
         save_config(cfg, run_dir / "config.yaml")
+        if changes:
+            record_config_changes(run_dir, start_step, changes)
         n_params = sum(p.numel() for p in raw_method.parameters() if p.requires_grad)
         log.info("%s %s: %d images %dx%dx%d, %d steps of %d (%.1f epochs), %.2fM trainable parameters, %s x%d",
                  "resuming" if start_step else "pretraining", cfg.method["name"], len(data), channels, image_size,
                  image_size, total_steps, t.batch_size, total_steps / sampler.steps_per_epoch, n_params / 1e6,
                  device, fabric.world_size)
     metrics = MetricsLog(run_dir / "metrics.csv", start_step)
-    # Training wall-clock (monitors and checkpoints excluded), continued across resumes.
-    train_seconds = float(metrics.rows[-1].get("train_time_s") or 0.0) if metrics.rows else 0.0
     spectra = SpectrumLog(run_dir / "spectra.npz", start_step)
     knn_monitor = build_knn_monitor(cfg, data, mean, std, channels) if is_main and cfg.monitor.knn_every_steps else None
+    saved_step = start_step if state is not None else None  # the step the checkpoint on disk holds
 
-    def checkpoint(step: int) -> None:
+    def flush_logs() -> None:
         if is_main:
-            save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "step": step, "config": to_dict(cfg)})
             metrics.flush()
             spectra.flush()
+
+    def checkpoint(step: int) -> None:
+        """Write the state after ``step`` steps, unless the weights are unfit (then the last good one stays)."""
+        nonlocal saved_step
+        problem = unhealthy(raw_method, optimizer) if is_main else None
+        if is_main and problem is None:
+            save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "step": step, "train_time_s": train_seconds, "config": to_dict(cfg)})
+            saved_step = step
+        elif is_main:
+            log.warning("step %d not checkpointed: %s; %s", step, problem, last_checkpoint_text())
+        flush_logs()
         fabric.barrier()
 
+    def last_checkpoint_text() -> str:
+        if saved_step is None:
+            return "no checkpoint was written yet"
+        return f"the checkpoint of step {saved_step} ({ckpt_path}) was written with a finite loss and sane weights"
+
+    def diverged(reason: str) -> TrainingDiverged:
+        flush_logs()
+        fix = (f"resume it with a lower lr: `selfsup pretrain {run_dir} optim.lr=... --allow-optim-change` "
+               "(or set optim.clip_grad)" if saved_step is not None else "lower optim.lr or set optim.clip_grad and start again")
+        return TrainingDiverged(f"{reason}; {last_checkpoint_text()}; {fix}")
+
+    def stop_signal() -> int:
+        """The signal that asked any process to stop (all processes stop at the same step), or 0."""
+        if fabric.world_size == 1:
+            return stop.signum
+        flag = torch.tensor([stop.signum], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return int(flag.item())
+
     progress = Progress(t.progress and is_main, total_steps, start_step)
-    step, window_start, window_images = start_step, time.perf_counter(), 0
+    step, window_seconds, window_images = start_step, 0.0, 0
     raw_method.train()
-    try:
-        while step < total_steps:
-            torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
-            batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
-            views = [augment(batch).contiguous(memory_format=memory_format) for augment in augmenters]
-            for group in optimizer.param_groups:
-                group["lr"] = float(lr_schedule[step])
-                group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
+    with StopSignals() as stop:
+        try:
+            while step < total_steps:
+                step_start = time.perf_counter()
+                torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
+                batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
+                views = [augment(batch).contiguous(memory_format=memory_format) for augment in augmenters]
+                for group in optimizer.param_groups:
+                    group["lr"] = float(lr_schedule[step])
+                    group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
 
-            out = method(views)
-            if not torch.isfinite(out.loss):
-                raise FloatingPointError(f"loss is {out.loss.item()} at step {step}; lower optim.lr or enable "
-                                         f"optim.clip_grad. The last checkpoint ({ckpt_path}) is intact.")
-            optimizer.zero_grad(set_to_none=True)
-            fabric.backward(out.loss)
-            if o.clip_grad:
-                fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
-            optimizer.step()
-            if hasattr(raw_method, "after_step"):
-                raw_method.after_step(step)
-            step += 1
-            window_images += t.batch_size
-
-            log_now = step % t.log_every_steps == 0 or step == total_steps
-            collapse_now = cfg.monitor.collapse_every_steps and step % cfg.monitor.collapse_every_steps == 0
-            knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
-            if is_main and (log_now or collapse_now or knn_now):
-                elapsed = time.perf_counter() - window_start
+                out = method(views)
+                if not torch.isfinite(out.loss):
+                    raise diverged(f"loss is {out.loss.item()} at step {step}")
+                optimizer.zero_grad(set_to_none=True)
+                fabric.backward(out.loss)
+                if o.clip_grad:
+                    fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
+                optimizer.step()
+                if hasattr(raw_method, "after_step"):
+                    raw_method.after_step(step)
+                step += 1
+                elapsed = time.perf_counter() - step_start
                 train_seconds += elapsed
-                row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
-                                       "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
-                                       **{k: float(v) for k, v in out.terms.items()},
-                                       "images_per_s": round(window_images / max(elapsed, 1e-9), 1),
-                                       "train_time_s": round(train_seconds, 2)}
-                if collapse_now and out.embeddings is not None:
-                    row.update(collapse_stats(out.embeddings))
-                    spectra.append(step, out.embeddings)
-                if knn_now:
-                    row["knn_top1"] = knn_monitor(raw_method.backbone, device)
-                metrics.append(row)
-                info = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
-                progress.update(step, info, force_log=log_now or knn_now)
-                window_start, window_images = time.perf_counter(), 0
-            if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
-                checkpoint(step)
-                if window_images == 0:  # a row was just logged: keep the checkpoint out of the next window
-                    window_start = time.perf_counter()
-    except KeyboardInterrupt:
+                window_seconds += elapsed
+                window_images += t.batch_size
+
+                log_now = step % t.log_every_steps == 0 or step == total_steps
+                collapse_now = cfg.monitor.collapse_every_steps and step % cfg.monitor.collapse_every_steps == 0
+                knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
+                if is_main and (log_now or collapse_now or knn_now):
+                    row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
+                                           "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
+                                           **{k: float(v) for k, v in out.terms.items()},
+                                           "images_per_s": round(window_images / max(window_seconds, 1e-9), 1),
+                                           "train_time_s": round(train_seconds, 2)}
+                    if collapse_now and out.embeddings is not None:
+                        row.update(collapse_stats(out.embeddings))
+                        spectra.append(step, out.embeddings)
+                    if knn_now:
+                        row["knn_top1"] = knn_monitor(raw_method.backbone, device)
+                    metrics.append(row)
+                    info = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+                    progress.update(step, info, force_log=log_now or knn_now)
+                    window_seconds, window_images = 0.0, 0
+                if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
+                    checkpoint(step)
+                signum = stop_signal()
+                if signum:
+                    if saved_step != step:
+                        checkpoint(step)
+                    raise TrainingInterrupted(signum, step, run_dir)
+        finally:
+            progress.close()
+    if saved_step != step:
         checkpoint(step)
-        progress.close()
-        if is_main:
-            log.info("interrupted at step %d; checkpoint saved. Re-run `selfsup pretrain %s` to resume.", step, run_dir)
-        raise
-    progress.close()
-    checkpoint(step)
+    if saved_step != step:
+        raise diverged(f"training ended at step {step} with weights unfit to export")
 
     if is_main:
         export_params = {**params, **getattr(raw_method, "export_params", {})}
@@ -401,4 +559,4 @@ def build_knn_monitor(cfg: Config, data: ImageData, mean: list[float], std: list
                       normalize, k=cfg.monitor.knn_k, temperature=cfg.monitor.knn_temperature)
 
 
-__all__ = ["pretrain", "validate", "normalization"]
+__all__ = ["TrainingDiverged", "TrainingInterrupted", "normalization", "pretrain", "validate"]

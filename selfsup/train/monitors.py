@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from selfsup.checkpoint import atomic_write
 from selfsup.eval.features import extract_features
 from selfsup.eval.knn import knn_classify
 
@@ -72,10 +73,11 @@ class SpectrumLog:
     def flush(self) -> None:
         if not self.steps:
             return
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            np.savez(f, steps=np.array(self.steps), eigenvalues=np.stack(self.spectra))
-        tmp.replace(self.path)
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, steps=np.array(self.steps), eigenvalues=np.stack(self.spectra))
+
+        atomic_write(self.path, write)
 
     def plot(self, path: Path, curves: int = 5) -> None:
         """Sorted normalised eigenvalues on a log scale at up to ``curves`` evenly spaced recorded steps."""
