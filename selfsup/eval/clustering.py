@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans, MiniBatchKMeans
+from tqdm.auto import tqdm
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
 
 from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
@@ -57,10 +58,16 @@ def cluster_metrics(labels: ArrayLike, assignments: ArrayLike) -> dict[str, floa
     }
 
 
-def _lowest_inertia_minibatch(x: np.ndarray, num_clusters: int, n_init: int, seed: int) -> np.ndarray:
+def _lowest_inertia(x: np.ndarray, num_clusters: int, n_init: int, seed: int, progress: bool) -> np.ndarray:
+    """Assignments of the lowest-inertia restart: full k-means (restarts drawn from one seeded stream,
+    exactly ``KMeans(n_init=n_init, random_state=seed)``), or MiniBatchKMeans above the threshold."""
     best_inertia, best_assign = np.inf, None
-    for i in range(n_init):
-        km = MiniBatchKMeans(n_clusters=num_clusters, n_init=1, random_state=seed + i, batch_size=4096).fit(x)
+    stream = np.random.RandomState(seed)
+    for i in tqdm(range(n_init), desc="k-means restarts", unit="fit", disable=not progress, leave=False):
+        if x.shape[0] > MINIBATCH_THRESHOLD:
+            km = MiniBatchKMeans(n_clusters=num_clusters, n_init=1, random_state=seed + i, batch_size=4096).fit(x)
+        else:
+            km = KMeans(n_clusters=num_clusters, n_init=1, random_state=stream).fit(x)
         if km.inertia_ < best_inertia:
             best_inertia, best_assign = km.inertia_, km.labels_
     return best_assign
@@ -73,6 +80,7 @@ def kmeans_cluster(
     n_init: int = 10,
     seed: int = 0,
     standardize: bool = True,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Cluster ``feats`` with k-means and score it: ``{"acc", "nmi", "ami", "ari"}``, all x100.
 
@@ -93,8 +101,4 @@ def kmeans_cluster(
     if standardize:
         std = x.std(axis=0)
         x = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
-    if x.shape[0] > MINIBATCH_THRESHOLD:
-        assignments = _lowest_inertia_minibatch(x, num_clusters, n_init, seed)
-    else:
-        assignments = KMeans(n_clusters=num_clusters, n_init=n_init, random_state=seed).fit(x).labels_
-    return cluster_metrics(y, assignments)
+    return cluster_metrics(y, _lowest_inertia(x, num_clusters, n_init, seed, progress))

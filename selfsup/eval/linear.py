@@ -25,6 +25,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_pair, as_feature_tensor, as_label_tensor
 from selfsup.eval.knn import topk_accuracy
@@ -82,13 +83,14 @@ def _train_heads(
     batch_size: int,
     label_smoothing: float,
     seed: int,
+    progress: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train G softmax-regression heads at once; returns weights ``(D, G*C)`` and biases ``(G*C,)``.
 
     Head g (columns g*C .. g*C+C-1) minimises mean CE(label_smoothing) + weight_decays[g] / 2 *
     ||W_g||^2 with Adam at lr_t = lrs[g] * (1 + cos(pi * t / T)) / 2 for step t = 0..T-1. The
     CE gradient is the closed form (softmax - smoothed one-hot) / B, so no autograd graph is
-    built, and all heads share one matrix product per step.
+    built, and all heads share one matrix product per step. ``progress``: a bar's label, or None.
     """
     num_heads, num = lrs.shape[0], feats.shape[0]
     device = feats.device
@@ -105,7 +107,7 @@ def _train_heads(
     generator = torch.Generator().manual_seed(seed)
     total = epochs * math.ceil(num / batch_size)
     step = 0
-    for _ in range(epochs):
+    for _ in tqdm(range(epochs), desc=progress, unit="epoch", disable=progress is None, leave=False):
         order = torch.randperm(num, generator=generator).to(device)
         epoch_labels = labels[order]
         for start in range(0, num, batch_size):
@@ -160,6 +162,7 @@ def linear_probe(
     num_classes: int | None = None,
     seed: int = 0,
     device: torch.device | str | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Linear-probe accuracy (percent) with hyperparameters chosen on held-out training data.
 
@@ -167,7 +170,7 @@ def linear_probe(
     retrained on all training data, and the validation top-1 of the chosen pair in the search.
     ``normalize``: "standardize" (per-dimension, statistics of the data being fitted), "l2"
     (per-sample unit norm; MSN's probe L2-normalises after a LayerNorm), or "none". ``device=None`` keeps the features'
-    device. Deterministic for a fixed ``seed`` on a given device.
+    device. Deterministic for a fixed ``seed`` on a given device. ``progress`` shows a bar per training pass.
     """
     train, test = as_feature_pair(train_feats, test_feats)
     train_y = as_label_tensor(train_labels, train.shape[0], "train_labels")
@@ -202,7 +205,8 @@ def linear_probe(
     norm = _normalizer(fit_x, normalize)
     fit_x, val_x = norm(fit_x), norm(train[val_idx])
     weight, bias = _train_heads(
-        fit_x, train_y[fit_idx], pair_lrs, pair_wds, num_classes, epochs, batch_size, label_smoothing, seed
+        fit_x, train_y[fit_idx], pair_lrs, pair_wds, num_classes, epochs, batch_size, label_smoothing, seed,
+        progress=f"linear probe: {len(pairs)} (lr, wd) pairs" if progress else None,
     )
     val_logits = _head_logits(val_x, weight, bias, num_classes)
     val_y = train_y[val_idx]
@@ -223,6 +227,7 @@ def linear_probe(
         batch_size,
         label_smoothing,
         seed,
+        progress="linear probe: final head" if progress else None,
     )
     test_logits = _head_logits(norm(test.to(target)), weight, bias, num_classes)[0]
     result = topk_accuracy(test_logits, test_y, ks=(1, 5))

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
+from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
 
@@ -115,6 +116,7 @@ def lowshot_logistic(
     seed: int = 0,
     C: float = DEFAULT_C,
     max_iter: int = 1000,
+    progress: bool = False,
 ) -> dict[str, float | list[float]]:
     """Low-shot top-1 (percent) for each k-shot and percent setting, over ``num_splits`` splits.
 
@@ -123,6 +125,7 @@ def lowshot_logistic(
     Split i of every setting uses seed ``seed + i`` (MSN uses a single fixed 1 % split: pass
     ``num_splits=1`` to match). Features are per-sample centred and L2-normalised
     (:func:`center_normalize`); ``C`` is scikit-learn's inverse L2 strength (module docstring).
+    ``progress`` shows a bar over the fits.
     """
     train = center_normalize(as_feature_tensor(train_feats, "train_feats"))
     test = center_normalize(as_feature_tensor(test_feats, "test_feats"))
@@ -144,7 +147,13 @@ def lowshot_logistic(
         (f"{p:g}pct", [percent_split(train_y, p, seed + i) for i in range(num_splits)]) for p in percents
     ]
     result: dict[str, float | list[float]] = {}
+    bar = tqdm(total=sum(len(s) for _, s in settings), desc="low-shot fits", unit="fit", disable=not progress,
+               leave=False)
     for prefix, splits in settings:
-        accs = [_fit_and_score(train_np[idx], train_y[idx], test_np, test_y, C, max_iter) for idx in splits]
+        accs = []
+        for idx in splits:
+            accs.append(_fit_and_score(train_np[idx], train_y[idx], test_np, test_y, C, max_iter))
+            bar.update()
         result.update(_summary(prefix, accs))
+    bar.close()
     return result

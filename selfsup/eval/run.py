@@ -110,7 +110,7 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     return Features(embed(train.images), train.labels, embed(test.images), test.labels)
 
 
-def evaluate(kind: str, feats: Features, cfg: Config) -> dict[str, float]:
+def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) -> dict[str, float]:
     """Run one evaluation on precomputed features; accuracies in percent."""
     e = cfg.eval
     if kind == "knn":
@@ -120,15 +120,15 @@ def evaluate(kind: str, feats: Features, cfg: Config) -> dict[str, float]:
     if kind == "linear":
         r = linear_probe(feats.train, feats.train_labels, feats.test, feats.test_labels, lrs=e.linear_lrs,
                          weight_decays=e.linear_weight_decays, epochs=e.linear_epochs,
-                         label_smoothing=e.linear_label_smoothing, seed=e.seed, device=device_for())
+                         label_smoothing=e.linear_label_smoothing, seed=e.seed, device=device_for(), progress=progress)
         return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
                 "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}
     if kind == "lowshot":
         r = lowshot_logistic(feats.train, feats.train_labels, feats.test, feats.test_labels, shots=e.lowshot_shots,
-                             percents=e.lowshot_percents, num_splits=e.lowshot_splits, seed=e.seed)
+                             percents=e.lowshot_percents, num_splits=e.lowshot_splits, seed=e.seed, progress=progress)
         return {f"lowshot_{k}": v for k, v in r.items()}
     if kind == "cluster":
-        r = kmeans_cluster(feats.test, feats.test_labels, n_init=e.cluster_n_init, seed=e.seed)
+        r = kmeans_cluster(feats.test, feats.test_labels, n_init=e.cluster_n_init, seed=e.seed, progress=progress)
         return {f"cluster_{k}": v for k, v in r.items()}
     raise ValueError(f"unknown evaluation {kind!r}; choose one of {', '.join(EVALUATIONS)} or all")
 
@@ -146,5 +146,5 @@ def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baselin
             log.info("features: %s%s", name, f" (mean over {views} views)" if views > 1 else "")
             features[views] = compute_features(run_dir, cfg, baseline=baseline, progress=progress, views=views)
         log.info("eval %s (%s)", kind, name)
-        result.update(evaluate(kind, features[views], cfg))
+        result.update(evaluate(kind, features[views], cfg, progress=progress))
     return result

@@ -53,7 +53,7 @@ def test_only_the_linear_probe_reads_view_averaged_features(tmp_path: Path, monk
     computed: list[int] = []
     seen: list[tuple[str, int]] = []
     monkeypatch.setattr(eval_run, "compute_features", lambda *a, views=1, **k: computed.append(views) or views)
-    monkeypatch.setattr(eval_run, "evaluate", lambda kind, feats, cfg: seen.append((kind, feats)) or {kind: 1.0})
+    monkeypatch.setattr(eval_run, "evaluate", lambda kind, feats, cfg, progress=False: seen.append((kind, feats)) or {kind: 1.0})
     result = eval_run.evaluate_run(run_dir, cfg, ["knn", "linear", "cluster"], progress=False)
     assert result == {"knn": 1.0, "linear": 1.0, "cluster": 1.0}
     assert seen == [("knn", 1), ("linear", 3), ("cluster", 1)]
