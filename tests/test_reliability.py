@@ -1,0 +1,282 @@
+"""Fault injection: signals at random steps and inside the optimiser step, divergence, kills during writes.
+
+Every interrupted run is resumed and compared with an uninterrupted one, tensor by tensor (model and
+optimiser state of the final checkpoint, and the exported backbone). Runs go through the CLI in
+subprocesses with one thread, as a user's would; the reference run is made the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from selfsup.cli import main
+
+CONFIG = """
+method: {name: vicreg, expander: [64, 64]}
+data: {dataset: digits}
+views:
+  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
+  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
+model:
+  backbone: resnet
+  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
+optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
+trainer: {epochs: 10, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 20, progress: false}
+monitor: {collapse_every_steps: 10}
+"""
+TOTAL_STEPS = 10 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
+
+# Installs an optimiser whose step pre-hook sends SIGINT to the process on its K-th call: the signal
+# arrives inside optimizer.step(), after the forward pass has updated BatchNorm's running statistics.
+SIGNAL_IN_OPTIMIZER_STEP = """
+import os, signal
+import selfsup.train.engine as engine
+_build, _calls = engine.build_optimizer, [0]
+def _hook(optimizer, args, kwargs):
+    _calls[0] += 1
+    if _calls[0] == {k}:
+        os.kill(os.getpid(), signal.SIGINT)
+def build_optimizer(model, cfg):
+    optimizer = _build(model, cfg)
+    optimizer.register_step_pre_hook(_hook)
+    return optimizer
+engine.build_optimizer = build_optimizer
+"""
+
+
+def cli(args: list[str], prelude: str = "") -> subprocess.Popen:
+    """``selfsup ARGS`` in a subprocess with one intra-op thread (what the reference run uses too).
+
+    ``prelude``: Python code run before the CLI (then through ``-c``, which Fabric cannot re-launch: one process).
+    """
+    command = ["-c", f"{prelude}\nimport sys\nfrom selfsup.cli import main\nsys.exit(main(sys.argv[1:]))"] if prelude \
+        else ["-m", "selfsup.cli"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, *command, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def resume(run: Path) -> None:
+    """Resume in this process, with the subprocesses' single intra-op thread (bit-exact comparisons)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["pretrain", str(run)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+def state_tensors(run: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a run's final checkpoint (model and optimiser state) and of its exported backbone."""
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    tensors = {f"model.{k}": v for k, v in ckpt["model"].items()}
+    for pid, state in ckpt["optimizer"]["state"].items():
+        tensors.update({f"optimizer.{pid}.{k}": v for k, v in state.items() if torch.is_tensor(v)})
+    tensors.update({f"backbone.{k}": v for k, v in load_file(run / "backbone.safetensors").items()})
+    return tensors
+
+
+def assert_same_state(reference: Path, resumed: Path) -> None:
+    a, b = state_tensors(reference), state_tensors(resumed)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)}/{len(a)} tensors differ after the resume, e.g. {different[:3]}"
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stderr.read()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "run.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"]))
+    assert code == 0, err[-2000:]
+    return run
+
+
+@pytest.mark.parametrize("signum, delay_seed", [(signal.SIGINT, 1), (signal.SIGINT, 2), (signal.SIGTERM, 3)])
+def test_signal_at_a_random_step_then_resume_is_exact(config, reference, tmp_path, signum, delay_seed):
+    """SIGINT (Ctrl-C) or SIGTERM (SLURM pre-emption, docker stop) at a random moment of training."""
+    run = tmp_path / "run"
+    proc = cli(["pretrain", str(config), f"trainer.out={run}"])
+    wait_for(run / "checkpoints" / "last.pt", proc)
+    time.sleep(random.Random(delay_seed).uniform(0.0, 0.8))
+    proc.send_signal(signum)
+    code, err = finish(proc)
+    assert code == 128 + signum, err[-2000:]
+    stopped = int(re.search(r"stopped: \w+ at step (\d+); checkpoint saved", err).group(1))
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == stopped
+    assert stopped < TOTAL_STEPS and not (run / "backbone.safetensors").exists()
+
+    resume(run)
+    assert_same_state(reference, run)
+    with (run / "metrics.csv").open() as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert steps == sorted(set(steps)) and steps[-1] == TOTAL_STEPS  # no row lost or repeated by the resume
+
+
+def test_signal_inside_the_optimizer_step_is_deferred_to_the_step_boundary(config, reference, tmp_path):
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=31)))
+    assert code == 130, err[-2000:]
+    assert "stopped: SIGINT at step 31; checkpoint saved" in err
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 31
+    resume(run)
+    assert_same_state(reference, run)
+
+
+def test_sigkill_during_training_keeps_the_last_checkpoint_and_the_training_time(config, reference, tmp_path):
+    run = tmp_path / "run"
+    proc = cli(["pretrain", str(config), f"trainer.out={run}", "trainer.log_every_steps=1000",
+                "monitor.collapse_every_steps=0"])
+    ckpt = run / "checkpoints" / "last.pt"
+    wait_for(ckpt, proc)
+    proc.kill()
+    proc.wait()
+    (ckpt.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # as a kill mid-write leaves it
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["train_time_s"] > 0  # kept although no metrics row was logged before the kill
+
+    resume(run)
+    assert not list(ckpt.parent.glob(".*.tmp"))
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [TOTAL_STEPS]
+    assert float(rows[-1]["train_time_s"]) > saved["train_time_s"]
+    ref, out = load_file(reference / "backbone.safetensors"), load_file(run / "backbone.safetensors")
+    assert all(torch.equal(ref[k], out[k]) for k in ref)
+
+
+def test_sigterm_stops_every_ddp_process_at_the_same_step(config, tmp_path):
+    """2 gloo processes: a SIGTERM to the launching process stops both at one step; the resume is exact."""
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    ddp = ["trainer.devices=2", "trainer.accelerator=cpu", "trainer.epochs=4"]
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={reference}", *ddp]))
+    assert code == 0, err[-2000:]
+    proc = cli(["pretrain", str(config), f"trainer.out={run}", *ddp])
+    wait_for(run / "checkpoints" / "last.pt", proc)
+    proc.send_signal(signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143, err[-2000:]
+    stopped = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    assert 20 <= stopped < 4 * (1500 // 64)
+    code, err = finish(cli(["pretrain", str(run), *ddp]))
+    assert code == 0, err[-2000:]
+    assert_same_state(reference, run)
+
+
+# ----------------------------------------------------------------------------------------------
+# Divergence
+
+
+def explode_then_nan(monkeypatch, explode_at: int, nan_at: int) -> None:
+    """From step ``explode_at`` a BatchNorm scale is 1e9 (exploding weights, the loss still finite: the next
+    BatchNorm normalises the scale away); from step ``nan_at`` the loss is NaN."""
+    import selfsup.train.engine as engine
+
+    build_model = engine.build_model
+
+    def patched(*args, **kwargs):
+        params, method = build_model(*args, **kwargs)
+        forward, calls = method.forward, [0]
+
+        def wrapped(views):
+            calls[0] += 1
+            if calls[0] == explode_at + 1:
+                with torch.no_grad():
+                    dict(method.named_parameters())["backbone.layer1.0.bn1.weight"].fill_(1e9)
+            out = forward(views)
+            if calls[0] >= nan_at + 1:
+                out.loss = out.loss * float("nan")
+            return out
+
+        method.forward = wrapped
+        return params, method
+
+    monkeypatch.setattr(engine, "build_model", patched)
+
+
+def test_divergence_keeps_the_last_sane_checkpoint_and_resumes_with_a_lower_lr(config, tmp_path, monkeypatch, capsys,
+                                                                               caplog):
+    run = tmp_path / "run"
+    explode_then_nan(monkeypatch, explode_at=25, nan_at=47)
+    assert main(["pretrain", str(config), f"trainer.out={run}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: loss is nan at step 47; the checkpoint of step 23")
+    assert "--allow-optim-change" in err
+    assert "step 40 not checkpointed: parameter backbone.layer1.0.bn1.weight reaches |w| = 1e+09" in caplog.text
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 23 and max(v.abs().max() for v in ckpt["model"].values() if v.is_floating_point()) < 1e6
+    with (run / "metrics.csv").open() as f:  # the rows logged before the NaN are on disk
+        assert [int(r["step"]) for r in csv.DictReader(f)][-1] == 45
+
+    monkeypatch.undo()
+    assert main(["pretrain", str(run), "optim.lr=0.001"]) == 2
+    assert "--allow-optim-change" in capsys.readouterr().err
+    assert main(["pretrain", str(run), "optim.lr=0.001", "--allow-optim-change"]) == 0
+    assert "step 23: optim.lr: 0.002 -> 0.001" in (run / "config_changes.log").read_text()
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]["optim"]["lr"] == 0.001
+    assert (run / "backbone.safetensors").is_file()
+
+
+def test_divergence_before_any_checkpoint_says_so(config, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    explode_then_nan(monkeypatch, explode_at=100, nan_at=7)
+    assert main(["pretrain", str(config), f"trainer.out={run}"]) == 1
+    err = capsys.readouterr().err
+    assert "loss is nan at step 7; no checkpoint was written yet; lower optim.lr" in err
+    assert "intact" not in err and not (run / "checkpoints" / "last.pt").exists()
+    with (run / "metrics.csv").open() as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == [5]
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps, re-runs, file modes
+
+
+def test_max_steps_zero_exports_the_initial_backbone(config, tmp_path):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=0"]) == 0
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 0
+    assert '"steps": 0' in (run / "backbone.json").read_text()
+
+
+def test_rerunning_the_same_yaml_resumes_and_files_follow_the_umask(config, tmp_path):
+    run = tmp_path / "run"
+    old = os.umask(0o022)
+    try:
+        assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=30"]) == 0
+        assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=30"]) == 0
+    finally:
+        os.umask(old)
+    for name in ("checkpoints/last.pt", "backbone.safetensors", "backbone.json", "metrics.csv", "config.yaml",
+                 "spectra.npz"):
+        assert (run / name).stat().st_mode & 0o777 == 0o644, name
