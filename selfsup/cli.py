@@ -164,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     from selfsup.data.datasets import DataError
     from selfsup.train.engine import TrainingDiverged, TrainingInterrupted
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may also follow an option (`pretrain RUN --allow-optim-change optim.lr=1e-4`).
+    if extra and (not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     _setup_logging()
     try:
         args.func(args)

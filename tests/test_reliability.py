@@ -69,13 +69,9 @@ def cli(args: list[str], prelude: str = "") -> subprocess.Popen:
 
 
 def resume(run: Path) -> None:
-    """Resume in this process, with the subprocesses' single intra-op thread (bit-exact comparisons)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert main(["pretrain", str(run)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    """Resume in this process (one intra-op thread, set by conftest.py, as in the subprocesses)."""
+    assert torch.get_num_threads() == 1
+    assert main(["pretrain", str(run)]) == 0
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:

@@ -658,7 +658,7 @@ def load_image_files(folder: str | Path, image_size: int | None = None, channels
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise DataError(f"{root} is not a directory of images; pass the folder that holds them")
-    paths = _images_under(root)
+    paths = sorted(_images_under(root))
     if not paths:
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in {root} or its sub-folders")
     return _decode_files(root, paths, None, None, image_size, channels, lambda n: None, progress)

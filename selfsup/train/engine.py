@@ -152,6 +152,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"bad value for {key}: {value}; use {hint}")
     if not 0 < cfg.data.fraction <= 1:
         raise ConfigError(f"bad value for data.fraction: {cfg.data.fraction}; use a number in (0, 1]")
+    if t.batch_size % (t.devices * t.num_nodes):
+        raise ConfigError(f"bad value for trainer.batch_size: {t.batch_size}; the global batch must be divisible by "
+                          f"the {t.devices * t.num_nodes} processes (trainer.devices x trainer.num_nodes)")
     if t.max_steps is None and not t.epochs > 0:
         raise ConfigError(f"bad value for trainer.epochs: {t.epochs}; use a positive number (or set trainer.max_steps)")
 

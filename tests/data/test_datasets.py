@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from selfsup.data import datasets as ds
-from selfsup.data.datasets import DATASETS, ImageData, default_root, load_dataset
+from selfsup.data.datasets import DATASETS, DataError, ImageData, default_root, load_dataset, load_image_files
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -558,3 +558,41 @@ def test_tensors_validation(tmp_path: Path) -> None:
         load_dataset("tensors", root=str(tmp_path / "x.csv"))
     with pytest.raises(FileNotFoundError, match="val.pt"):
         load_dataset("tensors", "val", root=str(tmp_path))
+
+
+def test_imagefolder_splits_share_the_training_class_mapping(tmp_path: Path) -> None:
+    """A test split without some class (or with an empty class folder) keeps the training labels."""
+    for split, classes in (("train", "abc"), ("test", "bc")):
+        for label, name in enumerate("abc"):
+            if name in classes:
+                save_image(tmp_path / split / name / "0.png", solid(4, 4, (10 * label, 0, 0)))
+    (tmp_path / "test" / "a").mkdir()  # an empty class folder
+    train = load_dataset("imagefolder", "train", root=str(tmp_path), progress=False)
+    test = load_dataset("imagefolder", "test", root=str(tmp_path), progress=False)
+    assert train.classes == test.classes == ["a", "b", "c"]
+    assert train.labels.tolist() == [0, 1, 2] and test.labels.tolist() == [1, 2]
+    assert test.images[:, 0, 0, 0].tolist() == [10, 20]  # labels follow the folder names, not positions
+
+    save_image(tmp_path / "test" / "d" / "0.png", solid(4, 4, (0, 0, 0)))
+    with pytest.raises(DataError, match="class folders without training images: d"):
+        load_dataset("imagefolder", "test", root=str(tmp_path), progress=False)
+
+
+def test_imagefolder_without_train_folder_labels_other_splits_by_the_root_classes(tmp_path: Path) -> None:
+    for name in ("x", "y"):
+        save_image(tmp_path / name / "0.png", solid(4, 4, (0, 0, 0)))
+    save_image(tmp_path / "test" / "y" / "0.png", solid(4, 4, (0, 0, 0)))
+    test = load_dataset("imagefolder", "test", root=str(tmp_path), progress=False)
+    assert test.classes == ["x", "y"] and test.labels.tolist() == [1]
+
+
+def test_load_image_files_reads_loose_files_and_sub_folders_in_path_order(tmp_path: Path) -> None:
+    save_image(tmp_path / "b.png", solid(4, 4, (1, 0, 0)))
+    save_image(tmp_path / "a" / "z.png", solid(4, 4, (2, 0, 0)))
+    (tmp_path / "c.jpg").write_bytes(b"not an image")
+    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+        data = load_image_files(tmp_path, progress=False)
+    assert [Path(p).relative_to(tmp_path).as_posix() for p in data.paths] == ["a/z.png", "b.png"]
+    assert data.images[:, 0, 0, 0].tolist() == [2, 1] and data.labels is None
+    assert [Path(p).name for p in data.skipped] == ["c.jpg"]
+    assert data.subset([1]).paths == [data.paths[1]]
