@@ -77,3 +77,13 @@ def test_bad_inputs_fail_clearly() -> None:
         kmeans_cluster(feats, labels, num_clusters=7)
     with pytest.raises(ValueError, match="one label per feature row"):
         kmeans_cluster(feats, labels[:-1])
+
+
+def test_restarts_from_one_seeded_stream_equal_sklearns_n_init():
+    """The restart loop (with a progress bar) keeps KMeans(n_init, random_state)'s result exactly."""
+    from sklearn.cluster import KMeans
+
+    x = np.random.default_rng(0).normal(size=(600, 8))
+    y = np.repeat(np.arange(6), 100)
+    expected = cluster_metrics(y, KMeans(n_clusters=6, n_init=4, random_state=3).fit(x).labels_)
+    assert kmeans_cluster(x, y, n_init=4, seed=3, standardize=False) == expected
