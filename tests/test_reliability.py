@@ -22,18 +22,12 @@ import torch
 from safetensors.torch import load_file
 
 from selfsup.cli import main
+from test_cli import TINY
 
-CONFIG = """
-method: {name: vicreg, expander: [64, 64]}
-data: {dataset: digits}
-views:
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
-trainer: {epochs: 10, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 20, progress: false}
+# test_cli.py's tiny VICReg run on scikit-learn's digits, made long enough to interrupt.
+LONGER = """
+_base_: tiny.yaml
+trainer: {epochs: 10, checkpoint_every_steps: 20}
 monitor: {collapse_every_steps: 10}
 """
 TOTAL_STEPS = 10 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
@@ -105,9 +99,10 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("cfg") / "run.yaml"
-    path.write_text(CONFIG)
-    return path
+    folder = tmp_path_factory.mktemp("cfg")
+    (folder / "tiny.yaml").write_text(TINY)
+    (folder / "run.yaml").write_text(LONGER)
+    return folder / "run.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -436,12 +436,16 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
             spectra.flush()
 
     def checkpoint(step: int) -> None:
-        """Write the state after ``step`` steps, unless the weights are unfit (then the last good one stays)."""
+        """Write the state after ``step`` steps, unless the weights are unfit (then the last good one stays).
+
+        Every process takes the same decision: the weights and optimiser state are the same on all of them.
+        """
         nonlocal saved_step
-        problem = unhealthy(raw_method, optimizer) if is_main else None
-        if is_main and problem is None:
-            save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "step": step, "train_time_s": train_seconds, "config": to_dict(cfg)})
+        problem = unhealthy(raw_method, optimizer)
+        if problem is None:
+            if is_main:
+                save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
+                                            "step": step, "train_time_s": train_seconds, "config": to_dict(cfg)})
             saved_step = step
         elif is_main:
             log.warning("step %d not checkpointed: %s; %s", step, problem, last_checkpoint_text())
@@ -459,11 +463,11 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                "(or set optim.clip_grad)" if saved_step is not None else "lower optim.lr or set optim.clip_grad and start again")
         return TrainingDiverged(f"{reason}; {last_checkpoint_text()}; {fix}")
 
-    def stop_signal() -> int:
-        """The signal that asked any process to stop (all processes stop at the same step), or 0."""
+    def on_any_process(value: int) -> int:
+        """The largest ``value`` over the processes, so that all of them stop (or raise) at the same step."""
         if fabric.world_size == 1:
-            return stop.signum
-        flag = torch.tensor([stop.signum], device=device)
+            return value
+        flag = torch.tensor([value], device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return int(flag.item())
 
@@ -482,8 +486,10 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                     group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
 
                 out = method(views)
-                if not torch.isfinite(out.loss):
-                    raise diverged(f"loss is {out.loss.item()} at step {step}")
+                finite = bool(torch.isfinite(out.loss))
+                if on_any_process(int(not finite)):
+                    raise diverged(f"loss is {out.loss.item()} at step {step}" if not finite
+                                   else f"loss is not finite at step {step} on another process")
                 optimizer.zero_grad(set_to_none=True)
                 fabric.backward(out.loss)
                 if o.clip_grad:
@@ -517,7 +523,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                     window_seconds, window_images = 0.0, 0
                 if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
                     checkpoint(step)
-                signum = stop_signal()
+                signum = on_any_process(stop.signum)
                 if signum:
                     if saved_step != step:
                         checkpoint(step)
