@@ -63,6 +63,7 @@ class OptimConfig:
     lr_scaling: Literal["none", "linear"] = "none"
     min_lr: float = 0.0
     warmup_epochs: float = 0.0
+    warmup_fraction: float | None = None  # warm-up as a fraction of the run's steps (instead of warmup_epochs)
     schedule: Literal["cosine", "constant"] = "cosine"
     weight_decay: float = 1e-6
     weight_decay_end: float | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)

@@ -7,7 +7,9 @@ The contract the engine relies on (no base class; methods compose shared pieces)
 - ``backbone``: the network that is monitored and exported for evaluation (the online encoder for
   VICReg/BT/BYOL, the EMA target for MSN);
 - optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
-  differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``).
+  differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
+- optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
+  for this batch (logged when training starts).
 """
 
 from __future__ import annotations

@@ -45,6 +45,15 @@ class MSNConfig:
     momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
     eval_pool: Literal["cls_prenorm", "cls"] = "cls_prenorm"  # exported feature: [CLS] before the final norm (code)
 
+    def warnings(self, global_batch: int) -> list[str]:
+        """Settings that run but defeat the method at this batch size."""
+        if self.sinkhorn_iterations and self.num_prototypes > global_batch:
+            return [f"method.num_prototypes={self.num_prototypes} exceeds the global batch of {global_batch} with "
+                    f"Sinkhorn on: it gives every prototype an equal share of {global_batch / self.num_prototypes:.3g} "
+                    f"images, so even a well-clustered batch spreads each target over many prototypes. Use num_prototypes <= trainer.batch_size, or method.sinkhorn_iterations=0 with a "
+                    f"higher method.memax_weight (paper Tab. 11)"]
+        return []
+
     def __post_init__(self) -> None:
         checks = {
             "projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),

@@ -113,6 +113,25 @@ def lr_wd_schedules(o: OptimConfig, base_lr: float, total_steps: int, warmup_ste
     return lr, stretched(cosine_schedule, total_steps, o.schedule_stretch, o.weight_decay, wd_end)
 
 
+def warmup_steps(o: OptimConfig, total_steps: int, steps_per_epoch: int) -> int:
+    """Warm-up length in steps: ``warmup_fraction`` of the run, or ``warmup_epochs`` epochs."""
+    if o.warmup_fraction is not None:
+        return int(round(o.warmup_fraction * total_steps))
+    return int(round(o.warmup_epochs * steps_per_epoch))
+
+
+def run_warnings(cfg: Config, total_steps: int, warmup: int) -> list[str]:
+    """Settings that run but are probably sized for another run (e.g. copied from an ImageNet config)."""
+    warnings = []
+    if total_steps and warmup > total_steps / 4:
+        warnings.append(f"the lr warm-up takes {warmup} of the run's {total_steps} steps ({warmup / total_steps:.0%}): "
+                        f"the cosine barely decays; use optim.warmup_fraction=0.05 (a few % of the run)")
+    _, method_cfg = method_config(cfg.method)
+    if hasattr(method_cfg, "warnings"):
+        warnings.extend(method_cfg.warnings(cfg.trainer.batch_size))
+    return warnings
+
+
 def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast."""
     method_config(cfg.method)
@@ -152,6 +171,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"bad value for {key}: {value}; use {hint}")
     if not 0 < cfg.data.fraction <= 1:
         raise ConfigError(f"bad value for data.fraction: {cfg.data.fraction}; use a number in (0, 1]")
+    if cfg.optim.warmup_fraction is not None:
+        if not 0 <= cfg.optim.warmup_fraction < 1:
+            raise ConfigError(f"bad value for optim.warmup_fraction: {cfg.optim.warmup_fraction}; use a fraction "
+                              "of the run in [0, 1), e.g. 0.05")
+        if cfg.optim.warmup_epochs:
+            raise ConfigError("optim.warmup_fraction and optim.warmup_epochs are both set; keep one of them "
+                              "(warmup_epochs=0 to use the fraction)")
     if t.batch_size % (t.devices * t.num_nodes):
         raise ConfigError(f"bad value for trainer.batch_size: {t.batch_size}; the global batch must be divisible by "
                           f"the {t.devices * t.num_nodes} processes (trainer.devices x trainer.num_nodes)")
@@ -393,7 +419,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     optimizer = build_optimizer(method, cfg.optim)
     o = cfg.optim
     base_lr = o.lr * (t.batch_size / 256 if o.lr_scaling == "linear" else 1.0)
-    warmup = int(round(o.warmup_epochs * sampler.steps_per_epoch))
+    warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
     lr_schedule, wd_schedule = lr_wd_schedules(o, base_lr, schedule_steps, warmup)
 
     start_step, train_seconds = 0, 0.0
@@ -420,6 +446,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         save_config(cfg, run_dir / "config.yaml")
         if changes:
             record_config_changes(run_dir, start_step, changes)
+        for warning in run_warnings(cfg, total_steps, warmup):
+            log.warning(warning)
         n_params = sum(p.numel() for p in raw_method.parameters() if p.requires_grad)
         log.info("%s %s: %d images %dx%dx%d, %d steps of %d (%.1f epochs), %.2fM trainable parameters, %s x%d",
                  "resuming" if start_step else "pretraining", cfg.method["name"], len(data), channels, image_size,

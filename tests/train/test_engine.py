@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from selfsup.config import ConfigError, OptimConfig, load_config
-from selfsup.train.engine import lr_wd_schedules, validate
+from selfsup.train.engine import lr_wd_schedules, run_warnings, validate, warmup_steps
 from selfsup.train.schedules import cosine_schedule
 
 
@@ -38,3 +38,26 @@ def test_msn_stretch_computes_schedules_over_1_25x_steps() -> None:
 def test_stretch_below_one_is_refused() -> None:
     with pytest.raises(ConfigError, match="optim.schedule_stretch"):
         validate(load_config(overrides=["optim.schedule_stretch=0.5"]))
+
+
+def test_warmup_as_a_fraction_of_the_run_follows_its_length() -> None:
+    o = OptimConfig(warmup_fraction=0.05)
+    assert warmup_steps(o, total_steps=600, steps_per_epoch=469) == 30
+    assert warmup_steps(o, total_steps=6000, steps_per_epoch=469) == 300  # more epochs, same share
+    assert warmup_steps(OptimConfig(warmup_epochs=1.0), 600, 469) == 469
+    with pytest.raises(ConfigError, match="warmup_fraction and optim.warmup_epochs are both set"):
+        validate(load_config(overrides=["optim.warmup_fraction=0.05", "optim.warmup_epochs=1"]))
+    with pytest.raises(ConfigError, match="optim.warmup_fraction"):
+        validate(load_config(overrides=["optim.warmup_fraction=1.5"]))
+
+
+def test_warnings_name_a_long_warmup_and_more_prototypes_than_the_batch() -> None:
+    msn = load_config("configs/fashion_mnist/msn.yaml", ["method.num_prototypes=1024", "trainer.batch_size=128"])
+    warnings = run_warnings(msn, total_steps=610, warmup=469)
+    assert len(warnings) == 2
+    assert "469 of the run's 610 steps (77%)" in warnings[0] and "optim.warmup_fraction" in warnings[0]
+    assert "method.num_prototypes=1024 exceeds the global batch of 128" in warnings[1]
+    assert run_warnings(load_config("configs/fashion_mnist/msn.yaml", [
+        "method.num_prototypes=1024", "trainer.batch_size=128", "method.sinkhorn_iterations=0"]), 610, 30) == []
+    assert run_warnings(load_config("configs/fashion_mnist/msn.yaml", [
+        "method.num_prototypes=128", "trainer.batch_size=128"]), 610, 30) == []
