@@ -91,6 +91,7 @@ class TrainerConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU; None = torch default
     log_every_steps: int = 20
     checkpoint_every_steps: int = 200
+    export_every_steps: int = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
     progress: bool = True
 
 

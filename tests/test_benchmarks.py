@@ -131,3 +131,27 @@ def test_plot_runs_spectra_match_the_training_effective_rank(tmp_path: Path, mon
     assert ranks == {"p = 256": pytest.approx(expected, abs=0.01), "b": pytest.approx(expected, abs=0.01)}
     assert out.stat().st_size > 0
     assert effective_rank(torch.full((16,), 1 / 16).sqrt()) == pytest.approx(16.0)
+
+
+def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots(tmp_path: Path, monkeypatch,
+                                                                                  capsys) -> None:
+    import accuracy_per_minute
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    out = tmp_path / "budget"
+    monkeypatch.setattr(sys, "argv", ["accuracy_per_minute.py", str(config),
+                                      "--cpu-minutes", "0.02", "--points", "3", "--calibration-steps", "8",
+                                      "--out", str(out)])
+    accuracy_per_minute.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    per_step = result["calibration_cpu_s_per_step"]
+    assert per_step > 0 and result["steps"] == max(3, int(0.02 * 60 / per_step))
+    steps = [p["step"] for p in result["curve"]]
+    every = max(1, result["steps"] // 3)
+    assert steps == [*range(every, result["steps"], every), result["steps"]]
+    minutes = [p["cpu_min"] for p in result["curve"]]
+    assert minutes == sorted(minutes) and minutes[-1] > 0
+    assert all(0 < p["knn_top1"] <= 100 and 0 < p["linear_top1"] <= 100 for p in result["curve"])
+    assert result["raw"]["knn_top1"] > 90 and result["cpu_model"]
+    assert json.loads((out / "curve.json").read_text()) == result and (out / "curve.png").is_file()

@@ -152,3 +152,15 @@ def test_resume_refusal_names_the_option_for_optimiser_changes(config, tmp_path,
     assert main(["pretrain", str(run), "optim.weight_decay=0.1", "--allow-optim-change",
                  "model.params.width=16"]) == 2
     assert "model.params.width" in error_line(capsys)
+
+
+def test_snapshots_are_exported_along_the_run_and_evaluate_like_the_run(config, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.export_every_steps=2"]) == 0
+    snapshots = sorted(p.name for p in (run / "snapshots").iterdir())
+    assert snapshots == ["step_000002", "step_000004"]  # the final step is the run's own export
+    meta = json.loads((run / "snapshots" / "step_000004" / "backbone.json").read_text())
+    assert meta["steps"] == 4 and 0 < meta["cpu_time_s"] and 0 < meta["train_time_s"]
+    capsys.readouterr()
+    assert main(["eval", "knn", str(run / "snapshots" / "step_000002")]) == 0
+    assert 0 < json.loads(capsys.readouterr().out.strip().splitlines()[-1])["knn_top1"] <= 100

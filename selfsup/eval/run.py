@@ -39,8 +39,14 @@ class Features:
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The run's resolved config with ``key=value`` overrides (e.g. ``eval.knn_k=10 data.root=...``)."""
-    path = Path(run_dir) / "config.yaml"
+    """The run's resolved config with ``key=value`` overrides (e.g. ``eval.knn_k=10 data.root=...``).
+
+    ``run_dir`` may also be one of the run's ``snapshots/step_N`` folders (``trainer.export_every_steps``).
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "config.yaml"
+    if not path.is_file() and run_dir.parent.name == "snapshots":  # RUN_DIR/snapshots/step_N: the run's config
+        path = run_dir.parent.parent / "config.yaml"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml); pass the trainer.out of a "
                               f"`selfsup pretrain` run")

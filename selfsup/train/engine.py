@@ -46,7 +46,7 @@ MAX_SANE_WEIGHT = 1e6
 
 # Keys that may change when a run is resumed: they do not affect the computation.
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
-                     "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval"}
+                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,6 +165,7 @@ def validate(cfg: Config) -> None:
             ("trainer.num_threads", t.num_threads, 1, "at least 1, or null (torch's default)"),
             ("trainer.log_every_steps", t.log_every_steps, 1, "at least 1"),
             ("trainer.checkpoint_every_steps", t.checkpoint_every_steps, 1, "at least 1"),
+            ("trainer.export_every_steps", t.export_every_steps, 0, "a number of steps, 0 = off"),
             ("monitor.knn_every_steps", m.knn_every_steps, 0, "a number of steps, 0 = off"),
             ("monitor.collapse_every_steps", m.collapse_every_steps, 0, "a number of steps, 0 = off")):
         if value is not None and value < least:
@@ -306,6 +307,28 @@ class Progress:
 # The loop
 
 
+class TrainClock:
+    """Training time of this process, wall-clock and CPU (user + system, all threads), monitors, logging
+    and checkpoints excluded; continued across resumes through the checkpoint."""
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        self.wall = float((state or {}).get("train_time_s", 0.0))
+        self.cpu = float((state or {}).get("cpu_time_s", 0.0))
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self) -> float:
+        """Add the time since :meth:`start`; returns its wall-clock seconds."""
+        elapsed = time.perf_counter() - self._wall
+        self.wall += elapsed
+        self.cpu += time.process_time() - self._cpu
+        return elapsed
+
+    def state(self) -> dict[str, float]:
+        return {"train_time_s": round(self.wall, 2), "cpu_time_s": round(self.cpu, 2)}
+
+
 class TrainingInterrupted(Exception):
     """SIGINT or SIGTERM stopped training at a step boundary, after a checkpoint of that step was written."""
 
@@ -422,7 +445,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
     lr_schedule, wd_schedule = lr_wd_schedules(o, base_lr, schedule_steps, warmup)
 
-    start_step, train_seconds = 0, 0.0
+    start_step, clock = 0, TrainClock(state)
     if state is not None:
         method.load_state_dict(state["model"])
         if state["config"]["optim"]["name"] == o.name:
@@ -434,7 +457,6 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         elif is_main:
             log.warning("optim.name changed to %s: the optimiser starts with fresh state", o.name)
         start_step = int(state["step"])
-        train_seconds = float(state.get("train_time_s", 0.0))
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     raw_method = method
     method, optimizer = fabric.setup(method, optimizer)
@@ -473,12 +495,20 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         if problem is None:
             if is_main:
                 save_checkpoint(ckpt_path, {"model": raw_method.state_dict(), "optimizer": optimizer.state_dict(),
-                                            "step": step, "train_time_s": train_seconds, "config": to_dict(cfg)})
+                                            "step": step, **clock.state(), "config": to_dict(cfg)})
             saved_step = step
         elif is_main:
             log.warning("step %d not checkpointed: %s; %s", step, problem, last_checkpoint_text())
         flush_logs()
         fabric.barrier()
+
+    def export(folder: Path, step: int) -> None:
+        """The backbone as evaluation reads it: safetensors + backbone.json (with the step and training time)."""
+        export_params = {**params, **getattr(raw_method, "export_params", {})}
+        export_backbone(folder, raw_method.backbone, {
+            "backbone": cfg.model.backbone, "params": export_params, "method": cfg.method["name"], "image_size": image_size,
+            "channels": channels, "mean": mean, "std": std, "dataset": cfg.data.dataset, "seed": t.seed,
+            "steps": step, **clock.state()})
 
     def last_checkpoint_text() -> str:
         if saved_step is None:
@@ -505,7 +535,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     with StopSignals() as stop:
         try:
             while step < total_steps:
-                step_start = time.perf_counter()
+                clock.start()
                 torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
                 batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
                 views = [augment(batch).contiguous(memory_format=memory_format) for augment in augmenters]
@@ -526,9 +556,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 if hasattr(raw_method, "after_step"):
                     raw_method.after_step(step)
                 step += 1
-                elapsed = time.perf_counter() - step_start
-                train_seconds += elapsed
-                window_seconds += elapsed
+                window_seconds += clock.stop()
                 window_images += t.batch_size
 
                 log_now = step % t.log_every_steps == 0 or step == total_steps
@@ -539,7 +567,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                                            "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
                                            **{k: float(v) for k, v in out.terms.items()},
                                            "images_per_s": round(window_images / max(window_seconds, 1e-9), 1),
-                                           "train_time_s": round(train_seconds, 2)}
+                                           **clock.state()}
                     if collapse_now and out.embeddings is not None:
                         row.update(collapse_stats(out.embeddings))
                         spectra.append(step, out.embeddings)
@@ -551,6 +579,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                     window_seconds, window_images = 0.0, 0
                 if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
                     checkpoint(step)
+                if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
+                    export(run_dir / "snapshots" / f"step_{step:06d}", step)
                 signum = on_any_process(stop.signum)
                 if signum:
                     if saved_step != step:
@@ -564,11 +594,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         raise diverged(f"training ended at step {step} with weights unfit to export")
 
     if is_main:
-        export_params = {**params, **getattr(raw_method, "export_params", {})}
-        export_backbone(run_dir, raw_method.backbone, {
-            "backbone": cfg.model.backbone, "params": export_params, "method": cfg.method["name"], "image_size": image_size,
-            "channels": channels, "mean": mean, "std": std, "dataset": cfg.data.dataset, "seed": t.seed,
-            "steps": step})
+        export(run_dir, step)
         plot_metrics(metrics.rows, run_dir / "plots")
         spectra.plot(run_dir / "plots" / "eigenspectrum.png")
         log.info("done: %d steps; backbone exported to %s", step, run_dir / "backbone.safetensors")

@@ -1,0 +1,128 @@
+"""Accuracy against CPU-minutes: train a config for a CPU budget, evaluating its backbone along the way.
+
+    python benchmarks/accuracy_per_minute.py CONFIG.yaml --cpu-minutes 30 [key=value ...]
+        [--points 6] [--evals knn,linear] [--out DIR]
+
+1. Calibrate: a short run of the config (``--calibration-steps``) measures the training step's CPU
+   seconds (user + system, all threads) on this machine.
+2. Size the run to the budget: ``trainer.max_steps`` = budget / CPU seconds per step, so the
+   schedules (cosine, ``optim.warmup_fraction``, EMA) follow the budgeted length. The backbone is
+   exported ``--points`` times along the way (``trainer.export_every_steps``).
+3. Evaluate every snapshot, the final backbone and raw pixels with the same protocol. Evaluation is
+   not counted in the budget.
+
+Writes ``DIR/curve.json`` and ``DIR/curve.png``: accuracy against CPU-minutes, with raw pixels as a
+horizontal line. Prints the same JSON as its last stdout line, with the CPU model and thread count.
+Compare curves only within one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from selfsup.config import load_config
+from selfsup.eval.run import evaluate_run, run_config
+from selfsup.train.engine import pretrain
+
+
+def cpu_model() -> str:
+    """The processor's model name (what ``lscpu`` prints), for the record beside every figure."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_seconds_per_step(run_dir: Path) -> float:
+    """Training CPU seconds per step from a run's metrics.csv, leaving out the first logged window (warm-up)."""
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [(int(r["step"]), float(r["cpu_time_s"])) for r in csv.DictReader(f) if r.get("cpu_time_s")]
+    if len(rows) < 2:
+        raise SystemExit(f"calibration in {run_dir} logged {len(rows)} rows; raise --calibration-steps")
+    (s0, c0), (s1, c1) = rows[0], rows[-1]
+    return (c1 - c0) / (s1 - s0)
+
+
+def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Path, points: int = 6,
+                 evals: str = "knn,linear", calibration_steps: int = 20) -> dict:
+    """Calibrate, train for ``cpu_minutes``, evaluate the snapshots; the result dict (also written to ``out``)."""
+    log_every = max(1, calibration_steps // 4)
+    calibration = out / "calibration"
+    pretrain(load_config(config, [*overrides, f"trainer.out={calibration}", f"trainer.max_steps={calibration_steps}",
+                                  f"trainer.log_every_steps={log_every}", "trainer.export_every_steps=0",
+                                  "monitor.knn_every_steps=0", "monitor.collapse_every_steps=0"]))
+    per_step = cpu_seconds_per_step(calibration)
+    steps = max(points, int(cpu_minutes * 60 / per_step))
+
+    run = out / "run"
+    pretrain(load_config(config, [*overrides, f"trainer.out={run}", f"trainer.max_steps={steps}",
+                                  f"trainer.export_every_steps={max(1, steps // points)}"]))
+    cfg = run_config(run, [])
+    kinds = evals.split(",")
+    snapshots = sorted((run / "snapshots").glob("step_*")) + [run]
+    curve = []
+    for folder in snapshots:
+        meta = json.loads((folder / "backbone.json").read_text())
+        scores = evaluate_run(folder, cfg, kinds, progress=False)
+        curve.append({"step": meta["steps"], "cpu_min": round(meta["cpu_time_s"] / 60, 3),
+                      "wall_min": round(meta["train_time_s"] / 60, 3), **scores})
+    raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False)
+    result = {"config": config, "overrides": overrides, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
+              "cpu_minutes_budget": cpu_minutes, "calibration_cpu_s_per_step": round(per_step, 4), "steps": steps,
+              "curve": curve, "raw": raw}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.json").write_text(json.dumps(result, indent=2))
+    plot_curve(result, out / "curve.png")
+    return result
+
+
+def plot_curve(result: dict, path: Path) -> None:
+    """One panel per evaluated metric: the backbone against CPU-minutes, raw pixels as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [k for k in ("knn_top1", "linear_top1", "lowshot_1shot_mean", "cluster_acc") if k in result["raw"]]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
+    minutes = [p["cpu_min"] for p in result["curve"]]
+    for ax, key in zip(axes[0], metrics):
+        ax.plot(minutes, [p[key] for p in result["curve"]], marker="o", label="backbone")
+        ax.axhline(result["raw"][key], color="gray", linestyle="--", label="raw pixels")
+        ax.set_xlabel("training CPU-minutes")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{Path(result['config']).name} on {result['cpu_model']} ({result['threads']} threads)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--cpu-minutes", type=float, required=True, help="training budget in CPU-minutes")
+    parser.add_argument("--points", type=int, default=6, help="evaluated snapshots along the run")
+    parser.add_argument("--evals", default="knn,linear", help="comma list of knn, linear, lowshot, cluster")
+    parser.add_argument("--calibration-steps", type=int, default=20)
+    parser.add_argument("--out", default=None, help="output folder (default runs/budget_<config name>)")
+    args = parser.parse_args()
+    out = Path(args.out or f"runs/budget_{Path(args.config).stem}")
+    result = budget_curve(args.config, args.overrides, args.cpu_minutes, out, args.points, args.evals,
+                          args.calibration_steps)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
