@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import platform
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
 
 
 def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Path, points: int = 6,
-                 evals: str = "knn,linear", calibration_steps: int = 20) -> dict:
+                 evals: str = "knn,linear", calibration_steps: int = 40) -> dict:
     """Calibrate, train for ``cpu_minutes``, evaluate the snapshots; the result dict (also written to ``out``)."""
     log_every = max(1, calibration_steps // 4)
     calibration = out / "calibration"
@@ -65,7 +66,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Pat
 
     run = out / "run"
     pretrain(load_config(config, [*overrides, f"trainer.out={run}", f"trainer.max_steps={steps}",
-                                  f"trainer.export_every_steps={max(1, steps // points)}"]))
+                                  f"trainer.export_every_steps={math.ceil(steps / points)}"]))
     cfg = run_config(run, [])
     kinds = evals.split(",")
     snapshots = sorted((run / "snapshots").glob("step_*")) + [run]
@@ -115,7 +116,7 @@ def main() -> None:
     parser.add_argument("--cpu-minutes", type=float, required=True, help="training budget in CPU-minutes")
     parser.add_argument("--points", type=int, default=6, help="evaluated snapshots along the run")
     parser.add_argument("--evals", default="knn,linear", help="comma list of knn, linear, lowshot, cluster")
-    parser.add_argument("--calibration-steps", type=int, default=20)
+    parser.add_argument("--calibration-steps", type=int, default=40)
     parser.add_argument("--out", default=None, help="output folder (default runs/budget_<config name>)")
     args = parser.parse_args()
     out = Path(args.out or f"runs/budget_{Path(args.config).stem}")

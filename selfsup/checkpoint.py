@@ -138,7 +138,7 @@ def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, 
 
 
 # Keys of backbone.json and their types; evaluation and embedding need all of them.
-_META_KEYS: dict[str, type | tuple[type, ...]] = {"backbone": str, "params": dict, "image_size": int, "channels": int,
+_META_KEYS: dict[str, type] = {"backbone": str, "params": dict, "image_size": int, "channels": int,
                                                   "mean": list, "std": list}
 
 
@@ -156,7 +156,7 @@ def read_backbone_meta(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} must hold a JSON object; re-export it with `selfsup pretrain {run_dir}`")
     for key, kind in _META_KEYS.items():
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-            raise CheckpointError(f"{path}: key {key!r} is missing or not a {getattr(kind, '__name__', kind)} "
+            raise CheckpointError(f"{path}: key {key!r} is missing or not a {kind.__name__} "
                                   f"(found {meta.get(key)!r}); re-export it with `selfsup pretrain {run_dir}`")
     if meta["channels"] not in (1, 3) or len(meta["mean"]) != meta["channels"] or len(meta["std"]) != meta["channels"]:
         raise CheckpointError(f"{path}: channels {meta['channels']} with mean {meta['mean']} and std {meta['std']} "

@@ -148,7 +148,7 @@ def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots
     per_step = result["calibration_cpu_s_per_step"]
     assert per_step > 0 and result["steps"] == max(3, int(0.02 * 60 / per_step))
     steps = [p["step"] for p in result["curve"]]
-    every = max(1, result["steps"] // 3)
+    every = -(-result["steps"] // 3)  # ceil: 3 points, the last one the final export
     assert steps == [*range(every, result["steps"], every), result["steps"]]
     minutes = [p["cpu_min"] for p in result["curve"]]
     assert minutes == sorted(minutes) and minutes[-1] > 0
