@@ -13,7 +13,7 @@ import os
 import pickle
 import struct
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -559,24 +559,23 @@ def _is_image(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS and not path.name.startswith(".")
 
 
-def _images_under(folder: Path) -> list[Path]:
-    found = []
+def _iter_images(folder: Path) -> Iterator[Path]:
+    """The images under ``folder`` (hidden files and folders skipped), lazily, in walk order."""
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(p for p in (Path(dirpath) / f for f in sorted(filenames)) if _is_image(p))
-    return found
+        yield from (p for p in (Path(dirpath) / f for f in sorted(filenames)) if _is_image(p))
+
+
+def _images_under(folder: Path) -> list[Path]:
+    return list(_iter_images(folder))
 
 
 def _class_folders(root: Path) -> list[str]:
-    """Names of the sub-folders of ``root`` that hold at least one image (the classes), sorted."""
-    def has_image(folder: Path) -> bool:
-        for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            if any(_is_image(Path(dirpath) / f) for f in filenames):
-                return True
-        return False
+    """Names of the sub-folders of ``root`` that hold at least one image (the classes), sorted.
 
-    return [d.name for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".") and has_image(d)]
+    Stops at each folder's first image, so a large training split is not listed twice."""
+    return [d.name for d in sorted(root.iterdir())
+            if d.is_dir() and not d.name.startswith(".") and next(_iter_images(d), None) is not None]
 
 
 def _reference_classes(root: Path, split: str) -> list[str] | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans, MiniBatchKMeans
-from tqdm.auto import tqdm
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
+from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
 

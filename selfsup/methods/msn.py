@@ -50,8 +50,9 @@ class MSNConfig:
         if self.sinkhorn_iterations and self.num_prototypes > global_batch:
             return [f"method.num_prototypes={self.num_prototypes} exceeds the global batch of {global_batch} with "
                     f"Sinkhorn on: it gives every prototype an equal share of {global_batch / self.num_prototypes:.3g} "
-                    f"images, so even a well-clustered batch spreads each target over many prototypes. Use num_prototypes <= trainer.batch_size, or method.sinkhorn_iterations=0 with a "
-                    f"higher method.memax_weight (paper Tab. 11)"]
+                    f"images, so even a well-clustered batch spreads each target over many prototypes. Use "
+                    f"num_prototypes <= trainer.batch_size, or method.sinkhorn_iterations=0 with a higher "
+                    f"method.memax_weight (paper Tab. 11)"]
         return []
 
     def __post_init__(self) -> None:

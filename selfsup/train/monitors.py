@@ -73,6 +73,7 @@ class SpectrumLog:
     def flush(self) -> None:
         if not self.steps:
             return
+
         def write(tmp: str) -> None:
             with open(tmp, "wb") as f:
                 np.savez(f, steps=np.array(self.steps), eigenvalues=np.stack(self.spectra))
