@@ -1,7 +1,7 @@
 """Accuracy against CPU-minutes: train a config for a CPU budget, evaluating its backbone along the way.
 
     python benchmarks/accuracy_per_minute.py CONFIG.yaml --cpu-minutes 30 [key=value ...]
-        [--points 6] [--evals knn,linear] [--out DIR]
+        [--points 6] [--evals knn,linear] [--holdout 0.1] [--out DIR]
 
 1. Calibrate: a short run of the config (``--calibration-steps``) measures the training step's CPU
    seconds (user + system, all threads) on this machine.
@@ -9,7 +9,8 @@
    schedules (cosine, ``optim.warmup_fraction``, EMA) follow the budgeted length. The backbone is
    exported ``--points`` times along the way (``trainer.export_every_steps``).
 3. Evaluate every snapshot, the final backbone and raw pixels with the same protocol. Evaluation is
-   not counted in the budget.
+   not counted in the budget. ``--holdout F`` evaluates on a held-out fraction F of the labelled training
+   split instead of the test split (``eval.holdout``): use it to choose settings, then report the test split.
 
 Writes ``DIR/curve.json`` and ``DIR/curve.png``: accuracy against CPU-minutes, with raw pixels as a
 horizontal line. Prints the same JSON as its last stdout line, with the CPU model and thread count.
@@ -54,7 +55,7 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
 
 
 def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Path, points: int = 6,
-                 evals: str = "knn,linear", calibration_steps: int = 40) -> dict:
+                 evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None) -> dict:
     """Calibrate, train for ``cpu_minutes``, evaluate the snapshots; the result dict (also written to ``out``)."""
     log_every = max(1, calibration_steps // 4)
     calibration = out / "calibration"
@@ -67,7 +68,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Pat
     run = out / "run"
     pretrain(load_config(config, [*overrides, f"trainer.out={run}", f"trainer.max_steps={steps}",
                                   f"trainer.export_every_steps={math.ceil(steps / points)}"]))
-    cfg = run_config(run, [])
+    cfg = run_config(run, [] if holdout is None else [f"eval.holdout={holdout}"])
     kinds = evals.split(",")
     snapshots = sorted((run / "snapshots").glob("step_*")) + [run]
     curve = []
@@ -78,6 +79,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Pat
                       "wall_min": round(meta["train_time_s"] / 60, 3), **scores})
     raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False)
     result = {"config": config, "overrides": overrides, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
+              "eval_set": cfg.data.eval_split if holdout is None else f"held-out {holdout} of {cfg.data.train_split}",
               "cpu_minutes_budget": cpu_minutes, "calibration_cpu_s_per_step": round(per_step, 4), "steps": steps,
               "curve": curve, "raw": raw}
     out.mkdir(parents=True, exist_ok=True)
@@ -117,11 +119,13 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=6, help="evaluated snapshots along the run")
     parser.add_argument("--evals", default="knn,linear", help="comma list of knn, linear, lowshot, cluster")
     parser.add_argument("--calibration-steps", type=int, default=40)
+    parser.add_argument("--holdout", type=float, default=None,
+                        help="evaluate on this held-out fraction of the training split (choosing settings), not the test split")
     parser.add_argument("--out", default=None, help="output folder (default runs/budget_<config name>)")
     args = parser.parse_args()
     out = Path(args.out or f"runs/budget_{Path(args.config).stem}")
     result = budget_curve(args.config, args.overrides, args.cpu_minutes, out, args.points, args.evals,
-                          args.calibration_steps)
+                          args.calibration_steps, args.holdout)
     print(json.dumps(result))
 
 

@@ -121,6 +121,9 @@ class EvalConfig:
     lowshot_splits: int = 3
     cluster_n_init: int = 3
     seed: int = 0
+    # Model selection without the test set: hold out this class-stratified, seeded fraction of the labelled
+    # training split and evaluate on it instead of data.eval_split (the rest is the labelled training set).
+    holdout: float | None = None
 
 
 @dataclass

@@ -142,9 +142,10 @@ def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots
     out = tmp_path / "budget"
     monkeypatch.setattr(sys, "argv", ["accuracy_per_minute.py", str(config),
                                       "--cpu-minutes", "0.02", "--points", "3", "--calibration-steps", "8",
-                                      "--out", str(out)])
+                                      "--holdout", "0.2", "--out", str(out)])
     accuracy_per_minute.main()
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["eval_set"] == "held-out 0.2 of train"  # settings are chosen without the test split
     per_step = result["calibration_cpu_s_per_step"]
     assert per_step > 0 and result["steps"] == max(3, int(0.02 * 60 / per_step))
     steps = [p["step"] for p in result["curve"]]

@@ -21,7 +21,7 @@ from selfsup.data.datasets import load_dataset
 from selfsup.eval.clustering import kmeans_cluster
 from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import knn_classify
-from selfsup.eval.linear import linear_probe
+from selfsup.eval.linear import linear_probe, stratified_holdout
 from selfsup.eval.lowshot import lowshot_logistic
 
 log = logging.getLogger("selfsup")
@@ -69,6 +69,10 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
         raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
                           f"(views averaged per image; Ghosh et al. 2024 use 16)")
     d = cfg.data
+    holdout = cfg.eval.holdout
+    if holdout is not None and not 0.0 < holdout < 1.0:
+        raise ConfigError(f"bad value for eval.holdout: {holdout!r}; use a fraction in (0, 1), e.g. 0.1, or null "
+                          f"to evaluate on data.eval_split")
     device = device_for()
     # The backbone first (a bad export fails before any data is read); images are read as it was trained:
     # with the channels and size recorded in backbone.json.
@@ -80,14 +84,15 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
         meta = read_backbone_meta(run_dir)
     channels, image_size = (meta["channels"], meta["image_size"]) if meta else (d.channels, d.image_size)
     splits = []
-    for split in (d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train", d.eval_split):
+    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
+    for split in (train_split,) if holdout is not None else (train_split, d.eval_split):
         data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels,
                             progress=progress)
         if data.labels is None:
             raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
                               f"(set data.train_split / data.eval_split)")
         splits.append(data)
-    train, test = splits
+    train = splits[0]
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
     else:
@@ -113,7 +118,13 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
                                               batch_size=cfg.eval.batch_size, device=device, transform=normalize,
                                               progress=progress)
 
-    return Features(embed(train.images), train.labels, embed(test.images), test.labels)
+    if holdout is None:
+        return Features(embed(train.images), train.labels, embed(splits[1].images), splits[1].labels)
+    fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(train.labels.numpy(), holdout, cfg.eval.seed))
+    log.info("eval.holdout=%s: evaluating on %d held-out %s images, %d labelled for training", holdout,
+             len(held_out), train_split, len(fit))
+    feats = embed(train.images)
+    return Features(feats[fit], train.labels[fit], feats[held_out], train.labels[held_out])
 
 
 def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) -> dict[str, float]:

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from selfsup.config import ConfigError
 from selfsup.losses.byol import byol_loss
 from selfsup.methods.base import StepOutput, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import cosine_schedule
+from selfsup.train.schedules import cosine_schedule, ema_momentum
 
 
 @dataclass
@@ -20,6 +21,12 @@ class BYOLConfig:
     predictor: list[int] = field(default_factory=lambda: [4096, 256])
     momentum: float = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
     momentum_end: float = 1.0
+    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
+
+    def __post_init__(self) -> None:
+        if self.momentum_horizon is not None and not 0 < self.momentum_horizon <= 1:
+            raise ConfigError(f"bad value for method.momentum_horizon: {self.momentum_horizon!r}; use a fraction "
+                              f"of the run in (0, 1], e.g. 0.05, or null to use method.momentum")
 
 
 class BYOL(nn.Module):
@@ -31,7 +38,8 @@ class BYOL(nn.Module):
         self.projector = mlp([backbone.num_features, *cfg.projector], norm="batch", act="relu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="batch", act="relu")
         self.target = EMATeacher(nn.Sequential(backbone, self.projector))
-        self.momentum = cosine_schedule(cfg.momentum, cfg.momentum_end, total_steps)
+        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
+        self.momentum = cosine_schedule(start, cfg.momentum_end, total_steps)
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         check_num_views("BYOL", views, 2)

@@ -24,7 +24,7 @@ from selfsup.methods.base import StepOutput
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import linear_schedule, stretched
+from selfsup.train.schedules import ema_momentum, linear_schedule, stretched
 
 
 @dataclass
@@ -41,6 +41,7 @@ class MSNConfig:
     masked_views: int = 1  # views after the target that are randomly masked; the rest are focal views
     shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
     momentum: float = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
+    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
     momentum_end: float = 1.0
     momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
     eval_pool: Literal["cls_prenorm", "cls"] = "cls_prenorm"  # exported feature: [CLS] before the final norm (code)
@@ -69,12 +70,14 @@ class MSNConfig:
             "momentum": 0 <= self.momentum <= 1,
             "momentum_end": 0 <= self.momentum_end <= 1,
             "momentum_stretch": self.momentum_stretch >= 1,
+            "momentum_horizon": self.momentum_horizon is None or 0 < self.momentum_horizon <= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
                    "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
                    "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
                    "masked_views": ">= 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]",
-                   "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
+                   "momentum_stretch": ">= 1 (1.25 in the authors' code)",
+                   "momentum_horizon": "a fraction of the run in (0, 1], e.g. 0.05, or null to use method.momentum"}
         for key, ok in checks.items():
             if not ok:
                 raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
@@ -98,7 +101,8 @@ class MSN(nn.Module):
         self.prototypes = Prototypes(cfg.num_prototypes, cfg.projector[-1])
         self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
         self.target.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
-        self.momentum = stretched(linear_schedule, total_steps, cfg.momentum_stretch, cfg.momentum, cfg.momentum_end)
+        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
+        self.momentum = stretched(linear_schedule, total_steps, cfg.momentum_stretch, start, cfg.momentum_end)
         self.export_params = {"pool": cfg.eval_pool}
 
     @property

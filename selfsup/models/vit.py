@@ -11,7 +11,11 @@ What the seed methods need beyond a plain ViT:
   Sec. 3) with a late [CLS] token and LayerScale, ExtreMA's pooling;
 - feature views: [CLS] before/after the final LayerNorm (MSN evaluates the pre-norm [CLS]) and
   the mean patch token (MAE-CT ViT-B);
-- freezing the stem and the first k blocks, and layer ids for layer-wise lr decay (MAE-CT).
+- freezing the stem and the first k blocks, and layer ids for layer-wise lr decay (MAE-CT);
+- an optional convolutional stem (Xiao et al. 2021, "Early Convolutions Help Transformers See
+  Better"): 3x3 stride-2 conv-BN-ReLU layers before the patch projection, which then covers
+  ``patch_size / 2**len(conv_stem)`` stem pixels. Tokens, grid and masking are unchanged; small ViTs
+  trained briefly on small images learn faster with it (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -213,6 +217,10 @@ class VisionTransformer(nn.Module):
         pool: what :meth:`forward` returns: ``"cls"`` ([CLS] after the final LayerNorm),
             ``"cls_prenorm"`` ([CLS] before it, MSN's evaluation feature) or ``"mean"`` (mean of
             the normalised patch tokens, MAE-CT ViT-B).
+        conv_stem: output channels of 3x3 stride-2 conv-BN-ReLU layers run before the patch
+            projection (Xiao et al. 2021); ``patch_size`` must be a multiple of ``2**len(conv_stem)``,
+            the projection's kernel and stride being ``patch_size / 2**len(conv_stem)`` (1 = their
+            1x1 projection). ``None`` or ``[]``: the plain patchify convolution.
 
     Attributes:
         num_features: ``embed_dim`` (width of the pooled feature).
@@ -237,6 +245,7 @@ class VisionTransformer(nn.Module):
         num_class_attention_blocks: int = 0,
         layer_scale_init: float = 0.1,
         pool: Literal["cls", "mean", "cls_prenorm"] = "cls",
+        conv_stem: list[int] | None = None,
     ) -> None:
         super().__init__()
         if patch_size < 1 or img_size < 1 or img_size % patch_size != 0:
@@ -277,6 +286,14 @@ class VisionTransformer(nn.Module):
             )
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
+        conv_stem = list(conv_stem or [])
+        stem_stride = 2 ** len(conv_stem)
+        if patch_size % stem_stride != 0 or any(int(c) != c or c < 1 for c in conv_stem):
+            raise ValueError(
+                f"conv_stem={conv_stem} halves the image {len(conv_stem)} times, so patch_size "
+                f"({patch_size}) must be a multiple of {stem_stride} and every channel count a positive "
+                "integer; e.g. patch 4 with conv_stem [32, 64], patch 16 with [48, 96, 192, 384]"
+            )
 
         self.img_size = img_size
         self.patch_size = patch_size
@@ -293,7 +310,15 @@ class VisionTransformer(nn.Module):
         # sin-cos embeddings for other grids (e.g. focal views), keyed by grid, device, dtype
         self._sincos_cache: dict[tuple[int, int, torch.device, torch.dtype], Tensor] = {}
 
-        self.patch_embed = nn.Conv2d(in_channels, embed_dim, patch_size, stride=patch_size)
+        stem: list[nn.Module] = []
+        channels = in_channels
+        for out_channels in conv_stem:
+            stem += [nn.Conv2d(channels, out_channels, 3, stride=2, padding=1, bias=False),
+                     nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)]
+            channels = out_channels
+        self.stem = nn.Sequential(*stem)  # empty: the identity
+        projection = patch_size // stem_stride
+        self.patch_embed = nn.Conv2d(channels, embed_dim, projection, stride=projection)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if cls_token else None
         self.pos_embed: Tensor
         if pos_embed == "sincos":
@@ -318,7 +343,8 @@ class VisionTransformer(nn.Module):
     # ------------------------------------------------------------------ init
     def _init_weights(self) -> None:
         """DeiT/MSN init: trunc-normal(0.02) for Linear, LN (1, 0); patch embed as a Linear
-        (xavier-uniform on the flattened kernel, MAE); [CLS] and learned pos-emb trunc-normal."""
+        (xavier-uniform on the flattened kernel, MAE); [CLS] and learned pos-emb trunc-normal;
+        conv-stem convolutions He-normal (BatchNorm keeps its (1, 0) default)."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -327,6 +353,9 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+        for m in self.stem.modules():  # conv stem: He init, as the ResNet's convolutions
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         w = self.patch_embed.weight
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.zeros_(self.patch_embed.bias)
@@ -377,7 +406,7 @@ class VisionTransformer(nn.Module):
                 f"with in_channels={x.shape[1]} or convert the images"
             )
         grid_h, grid_w = self.grid_for(x.shape[2], x.shape[3])
-        tokens = self.patch_embed(x).flatten(2).transpose(1, 2)
+        tokens = self.patch_embed(self.stem(x)).flatten(2).transpose(1, 2)
         return tokens + self.pos_embed_for(grid_h, grid_w).to(tokens.dtype)
 
     @staticmethod
@@ -458,7 +487,7 @@ class VisionTransformer(nn.Module):
 
     # ------------------------------------------------ freezing and lr decay
     def freeze_blocks(self, k: int) -> None:
-        """Freeze the stem (patch embed, position embed, early [CLS]) and the first ``k`` blocks.
+        """Freeze the stem (conv stem, patch embed, position embed, early [CLS]) and the first ``k`` blocks.
 
         Their parameters get ``requires_grad=False`` and the frozen blocks stay in eval mode
         through later ``.train()`` calls (MAE-CT contrastive tuning freezes the lower half).
@@ -466,7 +495,7 @@ class VisionTransformer(nn.Module):
         """
         if not 0 <= k <= self.depth:
             raise ValueError(f"k must be in [0, depth={self.depth}], got {k}")
-        frozen: list[nn.Parameter] = list(self.patch_embed.parameters())
+        frozen: list[nn.Parameter] = [*self.stem.parameters(), *self.patch_embed.parameters()]
         if isinstance(self.pos_embed, nn.Parameter):
             frozen.append(self.pos_embed)
         if self.cls_token is not None and not self.class_attention:
@@ -480,6 +509,8 @@ class VisionTransformer(nn.Module):
 
     def train(self, mode: bool = True) -> VisionTransformer:
         super().train(mode)
+        if self._num_frozen_blocks >= 0:  # a frozen conv stem keeps its BatchNorm statistics
+            self.stem.train(False)
         for block in self.blocks[: max(self._num_frozen_blocks, 0)]:
             block.train(False)
         return self
@@ -488,7 +519,7 @@ class VisionTransformer(nn.Module):
         """Depth index of a parameter for layer-wise lr decay (BEiT/MAE-CT convention):
         0 = embeddings, ``i + 1`` = block ``i``, ``depth + 1`` = final norm and class-attention
         head (late [CLS], CA blocks). Names are those of ``self.named_parameters()``."""
-        if param_name in ("pos_embed",) or param_name.startswith("patch_embed."):
+        if param_name in ("pos_embed",) or param_name.startswith(("patch_embed.", "stem.")):
             return 0
         if param_name == "cls_token" and self.cls_token is not None:
             return self.depth + 1 if self.class_attention else 0

@@ -25,6 +25,21 @@ def linear_schedule(start: float, end: float, total_steps: int) -> np.ndarray:
     return np.linspace(start, end, total_steps, endpoint=False) if total_steps > 0 else np.zeros(0)
 
 
+def ema_momentum(momentum: float, horizon: float | None, total_steps: int) -> float:
+    """The EMA teacher's starting momentum: ``momentum``, or, when ``horizon`` is given, the momentum
+    whose averaging horizon ``1 / (1 - m)`` is that fraction of the run's steps.
+
+    A momentum is a horizon in steps (0.996: the last ~250 steps), so a fixed value means a different
+    thing in a 600-step laptop run and in MSN's 375k ImageNet steps; a horizon fraction keeps its
+    meaning when ``trainer.epochs`` changes (0.05 of a 1,000-step run: m = 0.98).
+    """
+    if horizon is None:
+        return momentum
+    if horizon <= 0:
+        raise ValueError(f"the EMA horizon must be a positive fraction of the run, got {horizon}")
+    return max(0.0, 1.0 - 1.0 / (horizon * total_steps))
+
+
 def constant_schedule(value: float, total_steps: int, warmup_steps: int = 0) -> np.ndarray:
     """Constant value after an optional linear warm-up from 0."""
     return cosine_schedule(value, value, total_steps, warmup_steps)

@@ -69,3 +69,20 @@ def test_linear_label_smoothing_reaches_the_probe(tmp_path: Path, monkeypatch) -
     for smoothing in (0.0, 0.1):
         eval_run.evaluate("linear", feats, eval_run.run_config(run_dir, [f"eval.linear_label_smoothing={smoothing}"]))
         assert calls[-1]["label_smoothing"] == smoothing
+
+
+def test_holdout_evaluates_on_a_stratified_part_of_the_training_split(tmp_path: Path) -> None:
+    """eval.holdout: model selection without the test set. The held-out part comes from the train split only,
+    is disjoint from the labelled part, keeps every class, and the features are the same network's."""
+    run_dir, _ = _run_dir(tmp_path, "minimal")
+    plain = eval_run.compute_features(run_dir, eval_run.run_config(run_dir, []), progress=False)
+    held = eval_run.compute_features(run_dir, eval_run.run_config(run_dir, ["eval.holdout=0.2"]), progress=False)
+    n = len(plain.train)
+    assert len(held.train) + len(held.test) == n
+    assert abs(len(held.test) - 0.2 * n) <= 10  # one rounding per class
+    assert set(held.test_labels.tolist()) == set(plain.train_labels.tolist())
+    rows = {tuple(r) for r in plain.train.round(decimals=4).tolist()}  # every held-out row is a training image's
+    both = torch.cat([held.train, held.test]).round(decimals=4).tolist()
+    assert len({tuple(r) for r in both}) == len(rows) and all(tuple(r) in rows for r in both)
+    with pytest.raises(ConfigError, match="eval.holdout"):
+        eval_run.compute_features(run_dir, eval_run.run_config(run_dir, ["eval.holdout=1.5"]), progress=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -175,3 +177,18 @@ trainer: {max_steps: 4, batch_size: 32, log_every_steps: 2, progress: false, cha
     for name, tensor in load_file(run / "backbone.safetensors").items():
         torch.testing.assert_close(tensor, model[f"target.module.0.{name}"])  # the EMA target, not the encoder
     assert not torch.equal(model["target.module.0.cls_token"], model["encoder.cls_token"])
+
+
+def test_momentum_horizon_sizes_the_ema_to_the_run() -> None:
+    for steps in (200, 800):
+        method = _method(total_steps=steps, momentum_horizon=0.05)
+        assert method.momentum[0] == pytest.approx(1 - 1 / (0.05 * steps))
+        assert method.momentum[-1] < 1.0 and np.all(np.diff(method.momentum) > 0)  # still linear to 1
+    byol = build_method({"name": "byol", "projector": [8, 4], "predictor": [8, 4], "momentum_horizon": 0.1},
+                        build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3), 50)
+    assert byol.momentum[0] == pytest.approx(0.8)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="momentum_horizon"):
+            _method(momentum_horizon=bad)
+        with pytest.raises(ConfigError, match="momentum_horizon"):
+            build_method({"name": "byol", "momentum_horizon": bad}, build_backbone("resnet", block="basic", layers=[1], width=4), 5)

@@ -393,3 +393,55 @@ def test_build_backbone_vit() -> None:
     assert custom(torch.randn(2, 1, 28, 28)).shape == (2, 16)
     with pytest.raises(ValueError, match="vit_small"):
         build_backbone("vit_huge")
+
+
+# ------------------------------------------------------------------ convolutional stem
+@pytest.mark.parametrize(("patch", "stem", "kernel"), [(4, [8, 16], 1), (8, [8, 16], 2), (4, [8], 2)])
+def test_conv_stem_shapes(patch: int, stem: list[int], kernel: int) -> None:
+    """Xiao et al.'s stem: len(stem) 3x3 stride-2 conv-BN-ReLU layers, then a projection covering
+    patch / 2**len(stem) stem pixels; the token grid is the plain ViT's at every input size."""
+    model = _tiny(img_size=16, patch_size=patch, conv_stem=stem)
+    convs = [m for m in model.stem if isinstance(m, nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.stride) for c in convs] == [
+        (c_in, c_out, (2, 2)) for c_in, c_out in zip([3, *stem[:-1]], stem)]
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in model.stem) == len(stem)
+    assert model.patch_embed.in_channels == stem[-1]
+    assert model.patch_embed.kernel_size == (kernel, kernel) == model.patch_embed.stride
+    for size in (16, 32):  # the training size and a larger one
+        tokens = model.embed_patches(torch.randn(3, 3, size, size))
+        grid = model.grid_for(size, size)
+        assert tokens.shape == (3, grid[0] * grid[1], 32)
+    keep = random_keep_indices(3, model.num_patches, max(model.num_patches // 2, 1), shared=False)
+    assert model(torch.randn(3, 3, 16, 16), keep_indices=keep).shape == (3, 32)
+
+
+def test_conv_stem_without_layers_is_the_plain_patchify() -> None:
+    torch.manual_seed(0)
+    plain = _tiny()
+    torch.manual_seed(0)
+    empty = _tiny(conv_stem=[])
+    assert len(empty.stem) == 0
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(plain(x), empty(x))
+    assert set(dict(plain.named_parameters())) == set(dict(empty.named_parameters()))
+
+
+def test_conv_stem_rejects_a_patch_it_cannot_reach() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        _tiny(img_size=14, patch_size=7, conv_stem=[8, 16])
+    with pytest.raises(ValueError, match="positive"):
+        _tiny(conv_stem=[8, 0])
+
+
+def test_conv_stem_is_frozen_and_on_layer_zero() -> None:
+    model = _tiny(depth=2, conv_stem=[8, 16])
+    ids = {name: model.layer_id(name) for name, _ in model.named_parameters()}
+    assert all(ids[n] == 0 for n in ids if n.startswith("stem."))
+    model.freeze_blocks(1)
+    assert not any(p.requires_grad for p in model.stem.parameters())
+    model.train()
+    assert not any(m.training for m in model.stem)  # frozen BatchNorm keeps its statistics
+    assert model.blocks[1].training
+    stats = model.stem[1].running_mean.clone()
+    model(torch.randn(4, 3, 16, 16) + 3)
+    torch.testing.assert_close(model.stem[1].running_mean, stats)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from selfsup.train.schedules import constant_schedule, cosine_schedule, linear_schedule, stretched
+from selfsup.train.schedules import constant_schedule, cosine_schedule, ema_momentum, linear_schedule, stretched
 
 
 def test_cosine_schedule_hand_values_with_warmup() -> None:
@@ -62,3 +62,14 @@ def test_stretched_msn_momentum_never_reaches_final_value() -> None:
     c = stretched(cosine_schedule, 100, 1.25, 0.04, 0.4)  # MSN weight decay 0.04 -> 0.4
     np.testing.assert_allclose(c, cosine_schedule(0.04, 0.4, 125)[:100])
     assert c[-1] < 0.4 - 0.03
+
+
+def test_ema_horizon_is_a_fraction_of_the_run() -> None:
+    assert ema_momentum(0.996, None, 1000) == 0.996  # no horizon: the configured momentum
+    assert ema_momentum(0.996, 0.05, 1000) == pytest.approx(0.98)  # averages the last 50 of 1,000 steps
+    assert ema_momentum(0.996, 0.05, 4000) == pytest.approx(0.995)  # 4x the run, 4x the horizon in steps
+    for steps in (100, 1000, 10000):  # 1 / (1 - m) is the horizon in steps
+        assert 1 / (1 - ema_momentum(0.5, 0.02, steps)) == pytest.approx(0.02 * steps)
+    assert ema_momentum(0.996, 0.001, 100) == 0.0  # shorter than a step: no averaging
+    with pytest.raises(ValueError, match="positive fraction"):
+        ema_momentum(0.996, 0.0, 100)
