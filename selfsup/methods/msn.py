@@ -44,7 +44,8 @@ class MSNConfig:
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
     momentum_end: float = 1.0
     momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
-    eval_pool: Literal["cls_prenorm", "cls"] = "cls_prenorm"  # exported feature: [CLS] before the final norm (code)
+    # exported feature: [CLS] before the final norm (code), after it, or the mean patch token (small ViTs, laptop preset)
+    eval_pool: Literal["cls_prenorm", "cls", "mean"] = "cls_prenorm"
 
     def warnings(self, global_batch: int) -> list[str]:
         """Settings that run but defeat the method at this batch size."""

@@ -118,6 +118,13 @@ def test_backbone_is_the_target_and_exports_the_prenorm_cls() -> None:
     assert not torch.allclose(exported(x), features["cls"])
     assert method.encoder.pool == "cls"  # training uses the [CLS] after the final norm
     assert _method(eval_pool="cls").export_params == {"pool": "cls"}
+    mean = _method(eval_pool="mean")  # the exported feature changes, the target's training output does not
+    assert mean.export_params == {"pool": "mean"} and mean.backbone.pool == "mean"
+    losses = []
+    for m in (method, mean):
+        torch.manual_seed(3)
+        losses.append(m(_views()).loss)
+    torch.testing.assert_close(losses[0], losses[1])
 
 
 def test_focal_only_and_several_masked_views() -> None:
@@ -147,7 +154,7 @@ def test_bad_views_backbones_and_options_fail_clearly() -> None:
         with pytest.raises(ConfigError, match=f"method.{key}"):
             _method(**{key: value})
     with pytest.raises(ConfigError, match="method.eval_pool"):
-        _method(eval_pool="mean")
+        _method(eval_pool="avg")
 
 
 def test_pretrain_cli_logs_msn_monitors_and_exports_the_target_encoder(tmp_path) -> None:
