@@ -14,6 +14,7 @@ from selfsup.models.vit import (
     VisionTransformer,
     sincos_pos_embed_2d,
     vit_base,
+    vit_laptop,
     vit_small,
     vit_tiny,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "resnet50",
     "sincos_pos_embed_2d",
     "vit_base",
+    "vit_laptop",
     "vit_small",
     "vit_tiny",
 ]
@@ -41,6 +43,7 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "resnet50": resnet50,
     "resnet_custom": ResNet,
     "resnet": ResNet,
+    "vit_laptop": vit_laptop,
     "vit_tiny": vit_tiny,
     "vit_small": vit_small,
     "vit_base": vit_base,

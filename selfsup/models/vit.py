@@ -29,6 +29,7 @@ __all__ = [
     "VisionTransformer",
     "sincos_pos_embed_2d",
     "vit_base",
+    "vit_laptop",
     "vit_small",
     "vit_tiny",
 ]
@@ -535,15 +536,24 @@ class VisionTransformer(nn.Module):
         )
 
 
-def _preset(embed_dim: int, depth: int, num_heads: int, kwargs: dict) -> VisionTransformer:
+def _preset(embed_dim: int, depth: int, num_heads: int, kwargs: dict,
+            defaults: dict | None = None) -> VisionTransformer:
     for fixed in ("embed_dim", "depth", "num_heads"):
         if fixed in kwargs:
             raise ValueError(
                 f"{fixed} is fixed by this preset; build VisionTransformer directly "
                 "(backbone 'vit_custom') to change it"
             )
-    args = {"img_size": 224, "patch_size": 16, "in_channels": 3, **kwargs}
+    args = {"img_size": 224, "patch_size": 16, "in_channels": 3, **(defaults or {}), **kwargs}
     return VisionTransformer(embed_dim=embed_dim, depth=depth, num_heads=num_heads, **args)
+
+
+def vit_laptop(**kwargs: object) -> VisionTransformer:
+    """A ViT that learns on a 2-core CPU: D=128, 4 blocks, 4 heads, MLP ratio 2, behind a conv stem of two
+    3x3 stride-2 layers (64, 128 channels) and a 1x1 projection: patch 4, so 49 tokens at 28 px. About 1/10
+    of ViT-S's work per image (docs/benchmarks.md: speed and accuracy against patchify ViTs).
+    Defaults 32 px, RGB; pass ``img_size`` / ``in_channels`` for other data (the engine does)."""
+    return _preset(128, 4, 4, kwargs, {"img_size": 32, "patch_size": 4, "mlp_ratio": 2.0, "conv_stem": [64, 128]})
 
 
 def vit_tiny(**kwargs: object) -> VisionTransformer:

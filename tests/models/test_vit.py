@@ -445,3 +445,14 @@ def test_conv_stem_is_frozen_and_on_layer_zero() -> None:
     stats = model.stem[1].running_mean.clone()
     model(torch.randn(4, 3, 16, 16) + 3)
     torch.testing.assert_close(model.stem[1].running_mean, stats)
+
+
+def test_vit_laptop_preset() -> None:
+    """The CPU preset: 128 wide, 4 blocks, MLP 2, conv stem (64, 128), patch 4: 49 tokens at 28 px."""
+    model = build_backbone("vit_laptop", img_size=28, in_channels=1)
+    assert (model.embed_dim, model.depth, model.num_patches) == (128, 4, 49)
+    assert model.blocks[0].mlp.fc1.out_features == 256
+    assert [m.out_channels for m in model.stem if isinstance(m, nn.Conv2d)] == [64, 128]
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 128)
+    with pytest.raises(ValueError, match="fixed by this preset"):
+        build_backbone("vit_laptop", depth=6)
