@@ -125,6 +125,11 @@ class EvalConfig:
     # training split and evaluate on it instead of data.eval_split (the rest is the labelled training set).
     holdout: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.holdout is not None and not 0.0 < self.holdout < 1.0:
+            raise ConfigError(f"bad value for eval.holdout: {self.holdout!r}; use a fraction in (0, 1), e.g. 0.1, "
+                              f"or null to evaluate on data.eval_split")
+
 
 @dataclass
 class Config:

@@ -64,6 +64,7 @@ def gray_folder(tmp_path) -> Path:
     ("trainer.checkpoint_every_steps=0", "trainer.checkpoint_every_steps"),
     ("trainer.log_every_steps=0", "trainer.log_every_steps"),
     ("trainer.batch_size=33 trainer.devices=2", "trainer.batch_size"),
+    ("eval.holdout=1.5", "eval.holdout"),
 ])
 def test_bad_config_values_fail_before_any_work(config, tmp_path, capsys, override, named):
     run = tmp_path / "run"

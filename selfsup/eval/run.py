@@ -69,10 +69,7 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
         raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
                           f"(views averaged per image; Ghosh et al. 2024 use 16)")
     d = cfg.data
-    holdout = cfg.eval.holdout
-    if holdout is not None and not 0.0 < holdout < 1.0:
-        raise ConfigError(f"bad value for eval.holdout: {holdout!r}; use a fraction in (0, 1), e.g. 0.1, or null "
-                          f"to evaluate on data.eval_split")
+    holdout = cfg.eval.holdout  # checked by EvalConfig
     device = device_for()
     # The backbone first (a bad export fails before any data is read); images are read as it was trained:
     # with the channels and size recorded in backbone.json.

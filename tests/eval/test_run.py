@@ -84,5 +84,7 @@ def test_holdout_evaluates_on_a_stratified_part_of_the_training_split(tmp_path: 
     rows = {tuple(r) for r in plain.train.round(decimals=4).tolist()}  # every held-out row is a training image's
     both = torch.cat([held.train, held.test]).round(decimals=4).tolist()
     assert len({tuple(r) for r in both}) == len(rows) and all(tuple(r) in rows for r in both)
+    with pytest.raises(ConfigError, match="eval.holdout"):  # a bad value fails when the config is read
+        eval_run.run_config(run_dir, ["eval.holdout=1.5"])
     with pytest.raises(ConfigError, match="eval.holdout"):
-        eval_run.compute_features(run_dir, eval_run.run_config(run_dir, ["eval.holdout=1.5"]), progress=False)
+        load_config(None, ["eval.holdout=0"])
