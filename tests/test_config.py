@@ -192,16 +192,15 @@ def test_every_shipped_config_loads_and_validates():
 def test_laptop_presets_are_sized_to_their_runs():
     """Every Fashion-MNIST preset (60,000 images) passes the run-size checks: warm-up at most a quarter of
     the run, no more prototypes than the batch with Sinkhorn; and an EMA horizon, where given, spans steps."""
-    import math
     from pathlib import Path
 
     from selfsup.config import load_config
-    from selfsup.train.engine import run_warnings, warmup_steps
+    from selfsup.train.engine import run_steps, run_warnings, warmup_steps
 
     for path in sorted((Path(__file__).parent.parent / "configs" / "fashion_mnist").glob("*.yaml")):
         cfg = load_config(path)
         per_epoch = 60_000 // cfg.trainer.batch_size
-        total = cfg.trainer.max_steps or math.ceil(cfg.trainer.epochs * per_epoch)
+        total = run_steps(cfg.trainer, per_epoch)
         assert run_warnings(cfg, total, warmup_steps(cfg.optim, total, per_epoch)) == [], path.name
         horizon = cfg.method.get("momentum_horizon")
         assert horizon is None or horizon * total >= 10, path.name

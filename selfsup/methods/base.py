@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from selfsup.config import ConfigError
+
 
 @dataclass
 class StepOutput:
@@ -26,3 +28,10 @@ def check_min_views(method: str, views: list[torch.Tensor], minimum: int) -> Non
     if len(views) < minimum:
         raise ValueError(f"{method} needs at least {minimum} views per image but the config makes {len(views)}; "
                          f"list more view specs or raise their num (e.g. views.0.num={minimum})")
+
+
+def check_momentum_horizon(horizon: float | None) -> None:
+    """``method.momentum_horizon`` of an EMA method: a fraction of the run in (0, 1], or None."""
+    if horizon is not None and not 0 < horizon <= 1:
+        raise ConfigError(f"bad value for method.momentum_horizon: {horizon!r}; use a fraction of the run in "
+                          f"(0, 1], e.g. 0.05, or null to use method.momentum")

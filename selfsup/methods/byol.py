@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import StepOutput, check_num_views
+from selfsup.methods.base import StepOutput, check_momentum_horizon, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum
@@ -24,9 +23,7 @@ class BYOLConfig:
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:
-        if self.momentum_horizon is not None and not 0 < self.momentum_horizon <= 1:
-            raise ConfigError(f"bad value for method.momentum_horizon: {self.momentum_horizon!r}; use a fraction "
-                              f"of the run in (0, 1], e.g. 0.05, or null to use method.momentum")
+        check_momentum_horizon(self.momentum_horizon)
 
 
 class BYOL(nn.Module):

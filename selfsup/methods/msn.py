@@ -20,7 +20,7 @@ from torch import nn
 from selfsup.config import ConfigError
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import StepOutput
+from selfsup.methods.base import StepOutput, check_momentum_horizon
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -71,17 +71,16 @@ class MSNConfig:
             "momentum": 0 <= self.momentum <= 1,
             "momentum_end": 0 <= self.momentum_end <= 1,
             "momentum_stretch": self.momentum_stretch >= 1,
-            "momentum_horizon": self.momentum_horizon is None or 0 < self.momentum_horizon <= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
                    "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
                    "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
                    "masked_views": ">= 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]",
-                   "momentum_stretch": ">= 1 (1.25 in the authors' code)",
-                   "momentum_horizon": "a fraction of the run in (0, 1], e.g. 0.05, or null to use method.momentum"}
+                   "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
         for key, ok in checks.items():
             if not ok:
                 raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
+        check_momentum_horizon(self.momentum_horizon)
 
 
 class MSN(nn.Module):

@@ -550,8 +550,8 @@ def _preset(embed_dim: int, depth: int, num_heads: int, kwargs: dict,
 
 def vit_laptop(**kwargs: object) -> VisionTransformer:
     """A ViT that learns on a 2-core CPU: D=128, 4 blocks, 4 heads, MLP ratio 2, behind a conv stem of two
-    3x3 stride-2 layers (64, 128 channels) and a 1x1 projection: patch 4, so 49 tokens at 28 px. About 1/10
-    of ViT-S's work per image (docs/benchmarks.md: speed and accuracy against patchify ViTs).
+    3x3 stride-2 layers (64, 128 channels) and a 1x1 projection: patch 4, so 49 tokens at 28 px
+    (docs/benchmarks.md: its speed and accuracy against patchify ViTs).
     Defaults 32 px, RGB; pass ``img_size`` / ``in_channels`` for other data (the engine does)."""
     return _preset(128, 4, 4, kwargs, {"img_size": 32, "patch_size": 4, "mlp_ratio": 2.0, "conv_stem": [64, 128]})
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, remove_stale_temporaries,
                                 save_checkpoint)
-from selfsup.config import Config, ConfigError, OptimConfig, save_config, to_dict
+from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, to_dict
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import DATASETS, ImageData, load_dataset
 from selfsup.data.sampler import StepSampler
@@ -111,6 +111,11 @@ def lr_wd_schedules(o: OptimConfig, base_lr: float, total_steps: int, warmup_ste
         lr = constant_schedule(base_lr, total_steps, warmup_steps)
     wd_end = o.weight_decay_end if o.weight_decay_end is not None else o.weight_decay
     return lr, stretched(cosine_schedule, total_steps, o.schedule_stretch, o.weight_decay, wd_end)
+
+
+def run_steps(t: TrainerConfig, steps_per_epoch: int) -> int:
+    """The run's length in steps: ``max_steps``, or ``epochs`` epochs (at least one step)."""
+    return t.max_steps if t.max_steps is not None else max(1, int(round(t.epochs * steps_per_epoch)))
 
 
 def warmup_steps(o: OptimConfig, total_steps: int, steps_per_epoch: int) -> int:
@@ -428,7 +433,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     augmenters = build_augmenters(cfg, image_size, mean, std)
 
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
-    total_steps = t.max_steps if t.max_steps is not None else max(1, int(round(t.epochs * sampler.steps_per_epoch)))
+    total_steps = run_steps(t, sampler.steps_per_epoch)
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, schedules.
