@@ -48,6 +48,9 @@ class ViewConfig:
     num: int = 1
     size: int | None = None  # None = data.image_size (or the stored size)
     params: dict[str, Any] = field(default_factory=dict)
+    # The crop and flip drawn once per image and shared by the num views, which differ in colour only
+    # (ExtreMA's "shared crop + colour", Wu et al. Sec. 5.1).
+    shared_crop: bool = False
 
 
 @dataclass

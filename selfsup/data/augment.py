@@ -162,9 +162,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # MSN focal views: the same pipeline on small crops of scale (0.05, 0.3).
     "msn_focal": dict(crop_scale=(0.05, 0.3), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4,
                       saturation=0.4, hue=0.1, grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0), solarize_p=0.0),
-    # ExtreMA "shared crop + colour" (§5.1): run "minimal" once, then this per branch on the shared crop.
-    "color_only": dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, jitter_p=0.8, brightness=0.4,
-                       contrast=0.4, saturation=0.2, hue=0.1, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
+    # ExtreMA code (lib/augment.py): crop (0.2, 1) + flip, jitter (0.4, 0.4, 0.2, 0.1) p 0.8, gray 0.2, no blur or
+    # solarize (§5.1); with the view option shared_crop the crop is shared and the colour differs per branch.
+    "extrema": dict(crop_scale=(0.2, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4, saturation=0.2,
+                    hue=0.1, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
     # Evaluation: centred square crop of the whole image resized to ``size``; nothing random.
     "none": dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, **_NO_COLOUR),
 }

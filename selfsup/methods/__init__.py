@@ -5,7 +5,7 @@ The contract the engine relies on (no base class; methods compose shared pieces)
 - ``Config``: a dataclass of the method's hyper-parameters (validated from ``method:`` in the YAML);
 - ``__init__(backbone, cfg, total_steps)``; ``forward(views: list[Tensor]) -> StepOutput``;
 - ``backbone``: the network that is monitored and exported for evaluation (the online encoder for
-  VICReg/BT/BYOL, the EMA target for MSN);
+  VICReg/BT/BYOL, the EMA target for MSN and ExtreMA);
 - optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
   differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
 - optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
@@ -22,6 +22,7 @@ from selfsup.config import ConfigError, from_dict
 from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import StepOutput
 from selfsup.methods.byol import BYOL
+from selfsup.methods.extrema import ExtreMA
 from selfsup.methods.msn import MSN
 from selfsup.methods.vicreg import VICReg
 
@@ -30,6 +31,7 @@ METHODS: dict[str, type[nn.Module]] = {
     "barlow_twins": BarlowTwins,
     "byol": BYOL,
     "msn": MSN,
+    "extrema": ExtreMA,
 }
 
 

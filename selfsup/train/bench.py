@@ -15,7 +15,8 @@ import torch
 
 from selfsup.config import Config
 from selfsup.data.datasets import load_dataset
-from selfsup.train.engine import build_augmenters, build_model, normalization, validate
+from selfsup.data.views import make_views
+from selfsup.train.engine import build_view_groups, build_model, normalization, validate
 from selfsup.train.optim import build_optimizer
 
 
@@ -36,7 +37,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
                         channels=cfg.data.channels, fraction=cfg.data.fraction, progress=False)
     channels, size = data.images.shape[1], data.images.shape[2]
     mean, std = normalization(data, cfg)
-    augmenters = build_augmenters(cfg, size, mean, std)
+    view_groups = build_view_groups(cfg, size, mean, std)
     method = build_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     optimizer = build_optimizer(method, cfg.optim)
@@ -56,7 +57,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
         sync()
         start = time.perf_counter()
         x = images.to(device).float().div_(255)
-        _ = [augment(x) for augment in augmenters]
+        _ = make_views(x, view_groups)
         sync()
         if i >= warmup:
             aug_time += time.perf_counter() - start
@@ -67,7 +68,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
         sync()
         start = time.perf_counter()
         x = images.to(device).float().div_(255)
-        views = [augment(x).contiguous(memory_format=memory_format) for augment in augmenters]
+        views = [view.contiguous(memory_format=memory_format) for view in make_views(x, view_groups)]
         with autocast:
             out = method(views)
         optimizer.zero_grad(set_to_none=True)
@@ -83,7 +84,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     aug_ips = steps * t.batch_size / aug_time
     return {
         "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device),
-        "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": len(augmenters),
+        "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
         "train_images_per_s": round(train_ips, 1), "augment_images_per_s": round(aug_ips, 1),
         "augment_to_train_ratio": round(aug_ips / train_ips, 2),

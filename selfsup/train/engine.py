@@ -29,9 +29,10 @@ from torch import nn
 from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, remove_stale_temporaries,
                                 save_checkpoint)
 from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, to_dict
-from selfsup.data.augment import Augment, augment_config
+from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS, ImageData, load_dataset
 from selfsup.data.sampler import StepSampler
+from selfsup.data.views import ViewGroup, make_views
 from selfsup.methods import build_method, method_config
 from selfsup.models import BACKBONES, build_backbone
 from selfsup.train.monitors import KNNMonitor, SpectrumLog, collapse_stats
@@ -72,16 +73,16 @@ def backbone_params(cfg: Config, channels: int, image_size: int) -> dict[str, An
     return params
 
 
-def build_augmenters(cfg: Config, image_size: int, mean: list[float], std: list[float]) -> list[Augment]:
-    """One augmentation module per view (a view spec with ``num: k`` gives k views)."""
-    augmenters = []
+def build_view_groups(cfg: Config, image_size: int, mean: list[float], std: list[float]) -> list[ViewGroup]:
+    """One :class:`ViewGroup` per view spec (a spec with ``num: k`` gives k views)."""
+    groups = []
     for i, view in enumerate(cfg.views):
         try:
             aug_cfg = augment_config(view.preset, view.size or image_size, mean=tuple(mean), std=tuple(std), **view.params)
+            groups.append(ViewGroup(aug_cfg, view.num, view.shared_crop))
         except (TypeError, ValueError) as err:
             raise ConfigError(f"views.{i}: {err}") from err
-        augmenters.extend([Augment(aug_cfg)] * view.num)
-    return augmenters
+    return groups
 
 
 def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -> tuple[dict[str, Any], nn.Module]:
@@ -430,7 +431,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     channels, image_size = data.images.shape[1], data.images.shape[2]
     mean, std = normalization(data, cfg)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))
-    augmenters = build_augmenters(cfg, image_size, mean, std)
+    view_groups = build_view_groups(cfg, image_size, mean, std)
 
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
     total_steps = run_steps(t, sampler.steps_per_epoch)
@@ -543,7 +544,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 clock.start()
                 torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
                 batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
-                views = [augment(batch).contiguous(memory_format=memory_format) for augment in augmenters]
+                views = [view.contiguous(memory_format=memory_format) for view in make_views(batch, view_groups)]
                 for group in optimizer.param_groups:
                     group["lr"] = float(lr_schedule[step])
                     group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0

@@ -1,48 +1,66 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from selfsup.data.augment import Augment, augment_config
-from selfsup.data.views import ViewSpec, make_views
+from selfsup.data.augment import augment_config
+from selfsup.data.views import ViewGroup, make_views
 
 
 def test_msn_style_views_in_spec_order() -> None:
-    specs = [ViewSpec(1, augment_config("msn", 16)), ViewSpec(1, augment_config("msn", 16)),
-             ViewSpec(10, augment_config("msn_focal", 8))]
-    augmenters = [Augment(s.augment) for s in specs]
+    groups = [ViewGroup(augment_config("msn", 16), 1), ViewGroup(augment_config("msn", 16), 1),
+              ViewGroup(augment_config("msn_focal", 8), 10)]
     torch.manual_seed(0)
-    views = make_views(torch.rand(4, 3, 20, 20), specs, augmenters)
+    views = make_views(torch.rand(4, 3, 20, 20), groups)
     assert [tuple(v.shape) for v in views] == [(4, 3, 16, 16)] * 2 + [(4, 3, 8, 8)] * 10
     assert not torch.equal(views[2], views[3])  # focal crops are independent draws
 
 
 def test_multiview_identical_spec_gives_distinct_views() -> None:
-    spec = ViewSpec(4, augment_config("multiview", 12))
     torch.manual_seed(0)
-    views = make_views(torch.rand(3, 3, 12, 12), [spec], [Augment(spec.augment)])
+    views = make_views(torch.rand(3, 3, 12, 12), [ViewGroup(augment_config("multiview", 12), 4)])
     assert len(views) == 4
     assert all(not torch.equal(views[i], views[j]) for i in range(4) for j in range(i))
 
 
 def test_make_views_reproducible_under_seed() -> None:
-    specs = [ViewSpec(1, augment_config("byol_view1", 8)), ViewSpec(1, augment_config("byol_view2", 8))]
-    augmenters = [Augment(s.augment) for s in specs]
+    groups = [ViewGroup(augment_config("byol_view1", 8), 1), ViewGroup(augment_config("byol_view2", 8), 1)]
     x = torch.rand(2, 3, 10, 10)
     torch.manual_seed(3)
-    a = make_views(x, specs, augmenters)
+    a = make_views(x, groups)
     torch.manual_seed(3)
-    b = make_views(x, specs, augmenters)
+    b = make_views(x, groups)
     assert all(torch.equal(u, v) for u, v in zip(a, b))
 
 
-def test_make_views_errors() -> None:
-    spec = ViewSpec(2, augment_config("minimal", 8))
-    with pytest.raises(ValueError, match="one Augment per ViewSpec"):
-        make_views(torch.rand(1, 3, 8, 8), [spec], [])
-    with pytest.raises(ValueError, match="different AugmentConfig"):
-        make_views(torch.rand(1, 3, 8, 8), [spec], [Augment(augment_config("simclr", 8))])
-    with pytest.raises(ValueError, match="num"):
-        ViewSpec(0, augment_config("minimal", 8))
-    with pytest.raises(TypeError, match="AugmentConfig"):
-        ViewSpec(1, dict(size=8))  # type: ignore[arg-type]
+def test_shared_crop_views_differ_in_colour_only() -> None:
+    """ExtreMA's "shared crop + colour": one crop and flip per image, then independent colour per view."""
+    x = torch.rand(8, 3, 24, 24)
+    config = augment_config("extrema", 16, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    geometry_only = dataclasses.replace(config, jitter_p=0.0, grayscale_p=0.0)
+    torch.manual_seed(0)
+    same = make_views(x, [ViewGroup(geometry_only, 2, shared_crop=True)])
+    assert torch.equal(same[0], same[1])  # without colour ops the two views are one crop
+    torch.manual_seed(0)
+    independent = make_views(x, [ViewGroup(geometry_only, 2)])
+    assert not torch.equal(independent[0], independent[1])  # an independent crop per view
+    # with colour: each view is the shared crop with its own jitter / grayscale, normalised
+    torch.manual_seed(0)
+    coloured = make_views(x, [ViewGroup(config, 2, shared_crop=True)])
+    assert not torch.equal(coloured[0], coloured[1])
+    torch.manual_seed(0)
+    crop = ViewGroup(config, 2, shared_crop=True).crop(x)  # the group draws its crop first, from the same seed
+    assert crop.shape == (8, 3, 16, 16) and 0.0 <= crop.min() and crop.max() <= 1.0  # not normalised yet
+    plain = torch.tensor([not ((v * 0.25 + 0.5) - crop).abs().amax() > 1e-5 for v in coloured[0]])
+    gray_or_jittered = ~plain
+    assert gray_or_jittered.any()  # some images were recoloured ...
+    assert torch.allclose(coloured[0][plain] * 0.25 + 0.5, crop[plain], atol=1e-5)  # ... the rest are the crop itself
+
+
+def test_view_group_errors() -> None:
+    with pytest.raises(ValueError, match="at least one ViewGroup"):
+        make_views(torch.rand(1, 3, 8, 8), [])
+    with pytest.raises(ValueError, match="num >= 1"):
+        ViewGroup(augment_config("minimal", 8), 0)

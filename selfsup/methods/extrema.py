@@ -1,0 +1,127 @@
+"""ExtreMA, extreme masking (Wu et al. 2023, arXiv 2206.04667): a ViT student sees only 10-25 % of the patches,
+under several disjoint masks per image, and predicts the instance representation that an EMA teacher computes
+from the full image.
+
+One step (Sec. 3, Sec. 5.1; the authors' lib/builder.py)::
+
+    keep  = m disjoint sets of floor(N (1 - r)) patch indices per image     # one permutation per image
+    q     = predictor(projector(student(x_s, keep)))                        # (m * B, P): only kept tokens enter
+    t     = teacher_projector(teacher(x_t))                                 # (B, P): all N tokens, one pass for all masks
+    loss  = mean over masks and images of 2 - 2 cos(q, sg(t))              # asymmetric: no symmetrised term
+
+The instance representation is the late [CLS] after the CaiT class-attention blocks and the final LayerNorm
+(``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU, so nothing depends on batch
+statistics. Views (the config's ``views`` list): one view is "1 aug" (the teacher sees the student's image
+unmasked); two views are the student's and the teacher's, e.g. ``{preset: extrema, num: 2, shared_crop: true}``
+for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder, as the authors
+evaluate it (main_lincls.py ``--eval_momentum``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from selfsup.config import ConfigError
+from selfsup.data.masking import multi_mask_keep_indices, num_keep
+from selfsup.losses.extrema import extrema_loss
+from selfsup.methods.base import StepOutput, check_momentum_horizon
+from selfsup.models.heads import mlp
+from selfsup.models.vit import DropPath, VisionTransformer
+from selfsup.train.ema import EMATeacher
+from selfsup.train.schedules import cosine_schedule, ema_momentum
+
+
+@dataclass
+class ExtreMAConfig:
+    projector: list[int] = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
+    predictor: list[int] = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
+    mask_ratio: float = 0.8  # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
+    num_masks: int = 2  # masks per image sharing one teacher pass (ablations 2; main model 5 at 0.8)
+    disjoint: bool = True  # "without replacement": the masks' visible sets do not overlap (code default)
+    loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
+    temperature: float = 0.2  # InfoNCE only
+    momentum: float = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
+    momentum_end: float = 1.0
+    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
+
+    def __post_init__(self) -> None:
+        checks = {
+            "projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),
+            "predictor": len(self.predictor) >= 1 and all(d >= 1 for d in self.predictor),
+            "mask_ratio": 0 <= self.mask_ratio < 1,
+            "num_masks": self.num_masks >= 1,
+            "loss": self.loss in ("byol", "infonce"),
+            "temperature": self.temperature > 0,
+            "momentum": 0 <= self.momentum <= 1,
+            "momentum_end": 0 <= self.momentum_end <= 1,
+        }
+        allowed = {"projector": "a list of positive widths, e.g. [4096, 4096, 256]",
+                   "predictor": "a list of positive widths ending at the projector's output, e.g. [4096, 256]",
+                   "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce",
+                   "temperature": "> 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]"}
+        for key, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
+        if self.predictor[-1] != self.projector[-1]:
+            raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
+                              f"predicts the teacher's projection), got {self.predictor}")
+        check_momentum_horizon(self.momentum_horizon)
+
+
+class ExtreMA(nn.Module):
+    """Masked ViT student + projector + predictor, regressed onto an EMA teacher of the full image."""
+
+    Config = ExtreMAConfig
+
+    def __init__(self, backbone: nn.Module, cfg: ExtreMAConfig, total_steps: int) -> None:
+        super().__init__()
+        if not isinstance(backbone, VisionTransformer):
+            raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, "
+                              "vit_tiny, vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2)")
+        patches = backbone.num_patches
+        keep = num_keep(patches, cfg.mask_ratio)
+        if cfg.disjoint and cfg.num_masks * keep > patches:
+            raise ConfigError(f"method.num_masks={cfg.num_masks} disjoint masks of {keep} visible patches need "
+                              f"{cfg.num_masks * keep} patches but the image has {patches}; use method.num_masks <= "
+                              f"{patches // keep}, a higher method.mask_ratio, or method.disjoint=false")
+        self.cfg = cfg
+        self.encoder = backbone
+        self.projector = mlp([backbone.num_features, *cfg.projector], norm="layer", act="gelu")
+        self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="layer", act="gelu")
+        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
+        for module in self.target.modules():  # stochastic depth on the student only (authors' code)
+            if isinstance(module, DropPath):
+                module.drop_prob = 0.0
+        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
+        self.momentum = cosine_schedule(start, cfg.momentum_end, total_steps)
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The EMA teacher's ViT: the authors evaluate the momentum encoder."""
+        return self.target.module[0]
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        if len(views) not in (1, 2):
+            raise ValueError(f"ExtreMA needs 1 view (the teacher sees the student's image) or 2 (student, teacher) "
+                             f"but the config makes {len(views)}; e.g. views: [{{preset: extrema, num: 2, shared_crop: true}}]")
+        c = self.cfg
+        student_view, teacher_view = views[0], views[-1]
+        batch = student_view.shape[0]
+        grid = self.encoder.grid_for(student_view.shape[2], student_view.shape[3])
+        patches = grid[0] * grid[1]
+        keep = multi_mask_keep_indices(batch, patches, c.num_masks, num_keep(patches, c.mask_ratio), c.disjoint,
+                                       device=student_view.device)  # (m, B, K)
+        z = self.projector(self.encoder(student_view, keep.flatten(0, 1)))  # (m * B, P), mask-major
+        q = self.predictor(z)
+        with torch.no_grad():
+            t = self.target(teacher_view)  # (B, P): one unmasked pass serves every mask
+        return StepOutput(extrema_loss(q, t, c.loss, c.temperature), {}, z[:batch].detach())
+
+    def after_step(self, step: int) -> None:
+        """EMA update of the teacher encoder and projector, ``xi <- m xi + (1 - m) theta``."""
+        m = float(self.momentum[min(step, len(self.momentum) - 1)])
+        self.target.update(nn.Sequential(self.encoder, self.projector), m)

@@ -1,0 +1,206 @@
+"""ExtreMA training step on a tiny ViT: kept tokens, one teacher pass for m masks, the loss, EMA, DDP, export, CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_utils import run_ddp
+from selfsup.config import ConfigError
+from selfsup.data.masking import multi_mask_keep_indices
+from selfsup.losses.extrema import extrema_loss
+from selfsup.methods import build_method
+from selfsup.models import VisionTransformer, build_backbone
+
+B, SIZE, PATCH, D = 6, 32, 4, 32  # 64 patches per image
+
+
+def _vit(**kwargs) -> VisionTransformer:
+    params = dict(img_size=SIZE, patch_size=PATCH, in_channels=3, embed_dim=D, depth=2, num_heads=2,
+                  num_class_attention_blocks=2, **kwargs)
+    return build_backbone("vit_custom", **params)
+
+
+def _method(total_steps: int = 100, backbone=None, **cfg):
+    torch.manual_seed(0)
+    spec = {"name": "extrema", "projector": [48, 48, 16], "predictor": [48, 16], **cfg}
+    return build_method(spec, backbone if backbone is not None else _vit(), total_steps).train()
+
+
+def _views(n: int = 2) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.rand(B, 3, SIZE, SIZE, generator=g) for _ in range(n)]
+
+
+def _block_inputs(vit: VisionTransformer) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...]] = []
+    vit.blocks[0].register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+    return shapes
+
+
+@pytest.mark.parametrize("ratio, masks, kept", [(0.8, 1, 12), (0.8, 4, 12), (0.75, 4, 16), (0.9, 10, 6)])
+def test_student_sees_only_kept_tokens_and_one_teacher_pass_serves_every_mask(ratio, masks, kept) -> None:
+    method = _method(mask_ratio=ratio, num_masks=masks)
+    student, teacher = _block_inputs(method.encoder), _block_inputs(method.backbone)
+    calls = []
+    method.target.module.register_forward_hook(lambda mod, inp, out: calls.append(tuple(inp[0].shape)))
+    out = method(_views())
+    assert student == [(masks * B, kept, D)]  # no early [CLS]: only the kept patch tokens enter the blocks
+    assert teacher == [(B, 64, D)]  # the teacher sees all 64 tokens, once
+    assert calls == [(B, 3, SIZE, SIZE)]
+    assert out.embeddings.shape == (B, 16)
+
+
+@pytest.mark.parametrize("loss", ["byol", "infonce"])
+def test_step_is_the_extrema_loss_of_masked_student_views_against_the_full_teacher(loss: str) -> None:
+    method = _method(mask_ratio=0.75, num_masks=3, loss=loss, temperature=0.3)
+    student_view, teacher_view = _views()
+    torch.manual_seed(5)
+    out = method([student_view, teacher_view])
+    torch.manual_seed(5)  # the same masks, drawn by hand
+    keep = multi_mask_keep_indices(B, 64, 3, 16)
+    with torch.no_grad():
+        q = method.predictor(method.projector(method.encoder(student_view, keep.flatten(0, 1))))
+        t = method.target.module(teacher_view)
+        cos = nn.functional.cosine_similarity(q.view(3, B, -1), t[None], dim=-1)
+        if loss == "byol":
+            expected = (2 - 2 * cos).mean()
+        else:
+            logits = nn.functional.normalize(q, dim=1) @ nn.functional.normalize(t, dim=1).t() / 0.3
+            expected = nn.functional.cross_entropy(logits, torch.arange(3 * B) % B) * 0.6
+    torch.testing.assert_close(out.loss.detach(), expected)
+
+
+def test_byol_objective_on_hand_values() -> None:
+    t = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    parallel, orthogonal, opposite = t * 3, torch.tensor([[0.0, 1.0], [5.0, 0.0]]), -t
+    assert extrema_loss(parallel, t).item() == pytest.approx(0.0, abs=1e-7)
+    assert extrema_loss(orthogonal, t).item() == pytest.approx(2.0)
+    assert extrema_loss(opposite, t).item() == pytest.approx(4.0)
+    # two masks stacked mask-major: the mean of the per-mask losses
+    assert extrema_loss(torch.cat([parallel, orthogonal]), t).item() == pytest.approx(1.0)
+    q = torch.eye(4)  # InfoNCE for q = k = I: 2 tau log(1 + (n - 1) e^(-1/tau))
+    assert extrema_loss(q, q, "infonce", 0.2).item() == pytest.approx(0.4 * math.log(1 + 3 * math.exp(-5)))
+
+
+def test_one_view_is_the_one_aug_scheme_and_other_counts_fail() -> None:
+    method = _method()
+    (view,) = _views(1)
+    torch.manual_seed(2)
+    one = method([view])
+    torch.manual_seed(2)
+    assert torch.equal(one.loss, method([view, view]).loss)  # x_t = x_s
+    with pytest.raises(ValueError, match="1 view .* or 2"):
+        method(_views(3))
+
+
+def test_teacher_starts_as_the_student_gets_no_gradient_and_has_no_drop_path() -> None:
+    method = _method(backbone=_vit(drop_path_rate=0.3))
+    student = nn.Sequential(method.encoder, method.projector)
+    for (name, s), t in zip(student.named_parameters(), method.target.module.parameters()):
+        assert torch.equal(s, t) and not t.requires_grad, name
+    assert all(m.drop_prob == 0.0 for m in method.target.modules() if type(m).__name__ == "DropPath")
+    assert any(m.drop_prob > 0.0 for m in method.encoder.modules() if type(m).__name__ == "DropPath")
+    method(_views()).loss.backward()
+    assert all(p.grad is None for p in method.target.parameters())
+    for module in (method.encoder, method.projector, method.predictor):
+        assert all(p.grad is not None for p in module.parameters())
+
+
+def test_ema_follows_the_cosine_momentum_schedule() -> None:
+    """m(k) = 1 - (1 - 0.996)(1 + cos(pi k / K)) / 2 (Sec. 5.1): 0.996, 0.9965858, 0.998, 0.9994142 at 0, K/4, K/2, 3K/4."""
+    method = _method(total_steps=400)
+    for k, value in [(0, 0.996), (100, 0.9965858), (200, 0.998), (300, 0.9994142)]:
+        assert method.momentum[k] == pytest.approx(value, abs=1e-7)
+    assert method.momentum[-1] == pytest.approx(1.0, abs=1e-6)
+    before = [p.clone() for p in method.target.parameters()]
+    with torch.no_grad():
+        for p in method.encoder.parameters():
+            p.add_(1.0)
+    method.after_step(200)
+    student = list(nn.Sequential(method.encoder, method.projector).parameters())
+    for t, t0, s in zip(method.target.parameters(), before, student):
+        torch.testing.assert_close(t, 0.998 * t0 + 0.002 * s)
+    horizon = _method(total_steps=1000, momentum_horizon=0.1)
+    assert horizon.momentum[0] == pytest.approx(0.99)
+
+
+def test_exported_backbone_is_the_teacher_instance_representation(tmp_path) -> None:
+    from selfsup.checkpoint import load_backbone, load_checkpoint
+    from selfsup.cli import main
+
+    config = tmp_path / "extrema.yaml"
+    config.write_text("""
+method: {name: extrema, projector: [32, 32, 16], predictor: [32, 16], mask_ratio: 0.75, num_masks: 4}
+data: {dataset: digits}
+views:
+  - {preset: extrema, num: 2, shared_crop: true, params: {crop_scale: [0.5, 1.0]}}
+model: {backbone: vit_custom, params: {patch_size: 2, embed_dim: 16, depth: 1, num_heads: 2,
+                                       num_class_attention_blocks: 2, drop_path_rate: 0.1}}
+optim: {name: adamw, lr: 0.001, weight_decay: 0.05, betas: [0.9, 0.95]}
+trainer: {max_steps: 4, batch_size: 32, log_every_steps: 2, progress: false, channels_last: false}
+""")
+    run = tmp_path / "run"
+    assert main(["pretrain", str(config), f"trainer.out={run}"]) == 0
+    backbone, meta = load_backbone(run)
+    assert meta["method"] == "extrema" and backbone.pool == "cls" and len(backbone.ca_blocks) == 2
+    model = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+    for name, tensor in load_file(run / "backbone.safetensors").items():
+        torch.testing.assert_close(tensor, model[f"target.module.0.{name}"])  # the EMA teacher
+    assert not torch.equal(model["target.module.0.cls_token"], model["encoder.cls_token"])
+
+
+def test_bad_backbones_and_options_fail_clearly() -> None:
+    with pytest.raises(ConfigError, match="needs a ViT"):
+        _method(backbone=build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3))
+    with pytest.raises(ConfigError, match=r"num_masks <= 5"):  # 12 visible of 64: at most 5 disjoint masks
+        _method(num_masks=6)
+    assert _method(num_masks=6, disjoint=False).cfg.num_masks == 6
+    with pytest.raises(ConfigError, match="projector's output width 16"):
+        _method(predictor=[48, 8])
+    for key, value in [("mask_ratio", 1.0), ("num_masks", 0), ("loss", "mse"), ("temperature", 0.0),
+                       ("momentum_horizon", 2.0)]:
+        with pytest.raises(ConfigError, match=f"method.{key}"):
+            _method(**{key: value})
+
+
+# ------------------------------------------------------------------------------- DDP
+IN, OUT, MASKS, BATCH = 6, 5, 3, 8
+
+
+def _ddp_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(MASKS, BATCH, IN, generator=g, dtype=torch.float64)  # the m masked views of each image
+    t = torch.randn(BATCH, OUT, generator=g, dtype=torch.float64)  # teacher projections
+    linear = nn.Linear(IN, OUT).double()
+    return x, t, {k: v.clone() for k, v in linear.state_dict().items()}
+
+
+def _ddp_rank(rank: int, world: int, x, t, state) -> dict:
+    local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    out = {}
+    for loss in ("byol", "infonce"):
+        model = nn.Linear(IN, OUT).double()
+        model.load_state_dict(state)
+        ddp = DistributedDataParallel(model)  # kept alive: its hooks all-reduce the gradients in backward
+        extrema_loss(ddp(x[:, local].reshape(-1, IN)), t[local], loss).backward()  # this rank's images, mask-major
+        out[loss] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out
+
+
+def test_loss_gradient_in_two_gloo_processes_equals_the_single_process_one() -> None:
+    x, t, state = _ddp_inputs()
+    results = run_ddp(_ddp_rank, 2, x, t, state)
+    for loss in ("byol", "infonce"):
+        model = nn.Linear(IN, OUT).double()
+        model.load_state_dict(state)
+        extrema_loss(model(x.reshape(-1, IN)), t, loss).backward()
+        assert model.weight.grad.abs().max() > 1e-3
+        for rank, res in enumerate(results):
+            for name, p in model.named_parameters():
+                torch.testing.assert_close(res[loss][name], p.grad, rtol=1e-10, atol=1e-12, msg=f"{loss} {rank} {name}")
