@@ -39,6 +39,7 @@ from selfsup.train.schedules import cosine_schedule, ema_momentum
 class ExtreMAConfig:
     projector: list[int] = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
     predictor: list[int] = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
+    head_norm: Literal["layer", "batch"] = "layer"  # the paper's LayerNorm (BN-free), or BYOL's BatchNorm
     mask_ratio: float = 0.8  # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
     num_masks: int = 2  # masks per image sharing one teacher pass (ablations 2; main model 5 at 0.8)
     disjoint: bool = True  # "without replacement": the masks' visible sets do not overlap (code default)
@@ -47,6 +48,9 @@ class ExtreMAConfig:
     momentum: float = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
     momentum_end: float = 1.0
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
+    # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
+    # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)
+    eval_pool: Literal["cls", "mean", "cls_prenorm"] | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -55,13 +59,16 @@ class ExtreMAConfig:
             "mask_ratio": 0 <= self.mask_ratio < 1,
             "num_masks": self.num_masks >= 1,
             "loss": self.loss in ("byol", "infonce"),
+            "head_norm": self.head_norm in ("layer", "batch"),
+            "eval_pool": self.eval_pool in (None, "cls", "mean", "cls_prenorm"),
             "temperature": self.temperature > 0,
             "momentum": 0 <= self.momentum <= 1,
             "momentum_end": 0 <= self.momentum_end <= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [4096, 4096, 256]",
                    "predictor": "a list of positive widths ending at the projector's output, e.g. [4096, 256]",
-                   "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce",
+                   "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce", "head_norm": "layer or batch",
+                   "eval_pool": "null, cls, mean or cls_prenorm",
                    "temperature": "> 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]"}
         for key, ok in checks.items():
             if not ok:
@@ -79,9 +86,10 @@ class ExtreMA(nn.Module):
 
     def __init__(self, backbone: nn.Module, cfg: ExtreMAConfig, total_steps: int) -> None:
         super().__init__()
-        if not isinstance(backbone, VisionTransformer):
+        if not isinstance(backbone, VisionTransformer) or backbone.pool == "cls_prenorm":
             raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, "
-                              "vit_tiny, vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2)")
+                              "vit_tiny, vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2) whose "
+                              "model.params.pool is cls (the paper) or mean; method.eval_pool picks the exported feature")
         patches = backbone.num_patches
         keep = num_keep(patches, cfg.mask_ratio)
         if cfg.disjoint and cfg.num_masks * keep > patches:
@@ -90,12 +98,15 @@ class ExtreMA(nn.Module):
                               f"{patches // keep}, a higher method.mask_ratio, or method.disjoint=false")
         self.cfg = cfg
         self.encoder = backbone
-        self.projector = mlp([backbone.num_features, *cfg.projector], norm="layer", act="gelu")
-        self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="layer", act="gelu")
+        self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.head_norm, act="gelu")
+        self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm=cfg.head_norm, act="gelu")
         self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):
                 module.drop_prob = 0.0
+        self.train_pool = backbone.pool  # the instance representation the loss trains
+        self.export_params = {"pool": cfg.eval_pool or backbone.pool}
+        self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
         start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
         self.momentum = cosine_schedule(start, cfg.momentum_end, total_steps)
 
@@ -117,8 +128,9 @@ class ExtreMA(nn.Module):
                                        device=student_view.device)  # (m, B, K)
         z = self.projector(self.encoder(student_view, keep.flatten(0, 1)))  # (m * B, P), mask-major
         q = self.predictor(z)
-        with torch.no_grad():
-            t = self.target(teacher_view)  # (B, P): one unmasked pass serves every mask
+        with torch.no_grad():  # one unmasked pass serves every mask
+            teacher_vit, teacher_head = self.target.module
+            t = teacher_head(teacher_vit.forward_features(teacher_view)[self.train_pool])  # (B, P)
         return StepOutput(extrema_loss(q, t, c.loss, c.temperature), {}, z[:batch].detach())
 
     def after_step(self, step: int) -> None:

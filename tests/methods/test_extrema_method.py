@@ -48,11 +48,11 @@ def test_student_sees_only_kept_tokens_and_one_teacher_pass_serves_every_mask(ra
     method = _method(mask_ratio=ratio, num_masks=masks)
     student, teacher = _block_inputs(method.encoder), _block_inputs(method.backbone)
     calls = []
-    method.target.module.register_forward_hook(lambda mod, inp, out: calls.append(tuple(inp[0].shape)))
+    method.target.module[1].register_forward_hook(lambda mod, inp, out: calls.append(tuple(inp[0].shape)))
     out = method(_views())
     assert student == [(masks * B, kept, D)]  # no early [CLS]: only the kept patch tokens enter the blocks
     assert teacher == [(B, 64, D)]  # the teacher sees all 64 tokens, once
-    assert calls == [(B, 3, SIZE, SIZE)]
+    assert calls == [(B, D)]  # one teacher projection per image, whatever the number of masks
     assert out.embeddings.shape == (B, 16)
 
 
@@ -155,6 +155,24 @@ trainer: {max_steps: 4, batch_size: 32, log_every_steps: 2, progress: false, cha
     assert not torch.equal(model["target.module.0.cls_token"], model["encoder.cls_token"])
 
 
+def test_eval_pool_changes_the_export_not_the_trained_representation() -> None:
+    views, paper_method, method = _views(), _method(), _method(eval_pool="mean")
+    torch.manual_seed(3)
+    paper = paper_method(views).loss
+    torch.manual_seed(3)
+    torch.testing.assert_close(method(views).loss, paper)  # the loss still trains the class-attention [CLS]
+    assert method.export_params == {"pool": "mean"} and method.backbone.pool == "mean"
+    assert method.encoder.pool == "cls" and _method().export_params == {"pool": "cls"}
+
+
+def test_batchnorm_heads_option() -> None:
+    method = _method(head_norm="batch")
+    assert any(isinstance(m, nn.BatchNorm1d) for m in method.projector.modules())
+    assert any(isinstance(m, nn.BatchNorm1d) for m in method.predictor.modules())
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in _method().modules())  # the paper's heads: LayerNorm
+    assert torch.isfinite(method(_views()).loss)
+
+
 def test_bad_backbones_and_options_fail_clearly() -> None:
     with pytest.raises(ConfigError, match="needs a ViT"):
         _method(backbone=build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3))
@@ -163,8 +181,10 @@ def test_bad_backbones_and_options_fail_clearly() -> None:
     assert _method(num_masks=6, disjoint=False).cfg.num_masks == 6
     with pytest.raises(ConfigError, match="projector's output width 16"):
         _method(predictor=[48, 8])
+    with pytest.raises(ConfigError, match="pool is cls"):
+        _method(backbone=_vit(pool="cls_prenorm"))
     for key, value in [("mask_ratio", 1.0), ("num_masks", 0), ("loss", "mse"), ("temperature", 0.0),
-                       ("momentum_horizon", 2.0)]:
+                       ("momentum_horizon", 2.0), ("head_norm", "group"), ("eval_pool", "max")]:
         with pytest.raises(ConfigError, match=f"method.{key}"):
             _method(**{key: value})
 
