@@ -41,7 +41,7 @@ def _stepper(model, opt, views, clip: float | None, wrapped=None):
         opt.step()
         model.after_step(state["i"])
         state["i"] += 1
-        return float(out.loss)
+        return float(out.loss.detach())
 
     return step
 

@@ -156,3 +156,15 @@ def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots
     assert all(0 < p["knn_top1"] <= 100 and 0 < p["linear_top1"] <= 100 for p in result["curve"])
     assert result["raw"]["knn_top1"] > 90 and result["cpu_model"]
     assert json.loads((out / "curve.json").read_text()) == result and (out / "curve.png").is_file()
+
+
+def test_anchors_impl_builders_run_selfsup_steps() -> None:
+    """benchmarks/anchors_impl.py (for ../shared/anchors-bench): every builder makes a step that trains."""
+    import anchors_impl
+
+    tiny = dict(batch=4, img=8, patch=4)  # ViT-Tiny on 4 tokens: fast
+    for cfg in (dict(method="msn", mask=0.5, focal=1, focal_img=4, **tiny),
+                dict(method="extrema", mask=0.5, num_masks=2, **tiny)):
+        step, info = anchors_impl.IMPLS["selfsup"][cfg["method"]](cfg, None)
+        losses = [step(), step()]
+        assert all(np.isfinite(losses)) and info["params_M"] > 5, cfg["method"]  # ViT-Tiny + heads
