@@ -168,3 +168,17 @@ def test_anchors_impl_builders_run_selfsup_steps() -> None:
         step, info = anchors_impl.IMPLS["selfsup"][cfg["method"]](cfg, None)
         losses = [step(), step()]
         assert all(np.isfinite(losses)) and info["params_M"] > 5, cfg["method"]  # ViT-Tiny + heads
+
+
+def test_throughput_measures_each_variant(tmp_path: Path, capsys, monkeypatch) -> None:
+    import throughput
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    monkeypatch.setattr(sys, "argv", ["throughput.py", str(config), "--steps", "1", "--warmup", "0",
+                                      "--variant", "trainer.batch_size=32", "--variant", "trainer.batch_size=16 views.0.num=2"])
+    throughput.main()
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["variant"], r["batch_size"], r["views"]) for r in results] == [
+        ("trainer.batch_size=32", 32, 3), ("trainer.batch_size=16 views.0.num=2", 16, 2)]
+    assert all(r["train_images_per_s"] > 0 for r in results)
