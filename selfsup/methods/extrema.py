@@ -87,8 +87,8 @@ class ExtreMA(nn.Module):
     def __init__(self, backbone: nn.Module, cfg: ExtreMAConfig, total_steps: int) -> None:
         super().__init__()
         if not isinstance(backbone, VisionTransformer) or backbone.pool == "cls_prenorm":
-            raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, "
-                              "vit_tiny, vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2) whose "
+            raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, vit_tiny, "
+                              "vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2) whose "
                               "model.params.pool is cls (the paper) or mean; method.eval_pool picks the exported feature")
         patches = backbone.num_patches
         keep = num_keep(patches, cfg.mask_ratio)
