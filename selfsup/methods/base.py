@@ -30,6 +30,13 @@ def check_min_views(method: str, views: list[torch.Tensor], minimum: int) -> Non
                          f"list more view specs or raise their num (e.g. views.0.num={minimum})")
 
 
+def check_values(cfg: object, checks: dict[str, bool], allowed: dict[str, str]) -> None:
+    """Raise a ConfigError for the first ``method.<key>`` whose check is False, with its value and ``allowed[key]``."""
+    for key, ok in checks.items():
+        if not ok:
+            raise ConfigError(f"bad value for method.{key}: {getattr(cfg, key)!r}; use {allowed[key]}")
+
+
 def check_momentum_horizon(horizon: float | None) -> None:
     """``method.momentum_horizon`` of an EMA method: a fraction of the run in (0, 1], or None."""
     if horizon is not None and not 0 < horizon <= 1:

@@ -10,8 +10,8 @@ One step (Sec. 3, Sec. 5.1; the authors' lib/builder.py)::
     loss  = mean over masks and images of 2 - 2 cos(q, sg(t))              # asymmetric: no symmetrised term
 
 The instance representation is the late [CLS] after the CaiT class-attention blocks and the final LayerNorm
-(``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU, so nothing depends on batch
-statistics. Views (the config's ``views`` list): one view is "1 aug" (the teacher sees the student's image
+(``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU (``method.head_norm``), so
+nothing depends on batch statistics. Views (the config's ``views`` list): one view is "1 aug" (the teacher sees the student's image
 unmasked); two views are the student's and the teacher's, e.g. ``{preset: extrema, num: 2, shared_crop: true}``
 for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder, as the authors
 evaluate it (main_lincls.py ``--eval_momentum``).
@@ -28,7 +28,7 @@ from torch import nn
 from selfsup.config import ConfigError
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import StepOutput, check_momentum_horizon
+from selfsup.methods.base import StepOutput, check_momentum_horizon, check_values
 from selfsup.models.heads import mlp
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -70,9 +70,7 @@ class ExtreMAConfig:
                    "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce", "head_norm": "layer or batch",
                    "eval_pool": "null, cls, mean or cls_prenorm",
                    "temperature": "> 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]"}
-        for key, ok in checks.items():
-            if not ok:
-                raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
+        check_values(self, checks, allowed)
         if self.predictor[-1] != self.projector[-1]:
             raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
                               f"predicts the teacher's projection), got {self.predictor}")
@@ -104,7 +102,6 @@ class ExtreMA(nn.Module):
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):
                 module.drop_prob = 0.0
-        self.train_pool = backbone.pool  # the instance representation the loss trains
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
         self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
         start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
@@ -130,7 +127,7 @@ class ExtreMA(nn.Module):
         q = self.predictor(z)
         with torch.no_grad():  # one unmasked pass serves every mask
             teacher_vit, teacher_head = self.target.module
-            t = teacher_head(teacher_vit.forward_features(teacher_view)[self.train_pool])  # (B, P)
+            t = teacher_head(teacher_vit.forward_features(teacher_view)[self.encoder.pool])  # (B, P)
         return StepOutput(extrema_loss(q, t, c.loss, c.temperature), {}, z[:batch].detach())
 
     def after_step(self, step: int) -> None:

@@ -20,7 +20,7 @@ from torch import nn
 from selfsup.config import ConfigError
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import StepOutput, check_momentum_horizon
+from selfsup.methods.base import StepOutput, check_momentum_horizon, check_values
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -77,9 +77,7 @@ class MSNConfig:
                    "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
                    "masked_views": ">= 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]",
                    "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
-        for key, ok in checks.items():
-            if not ok:
-                raise ConfigError(f"bad value for method.{key}: {getattr(self, key)!r}; use {allowed[key]}")
+        check_values(self, checks, allowed)
         check_momentum_horizon(self.momentum_horizon)
 
 
