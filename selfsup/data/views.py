@@ -33,9 +33,7 @@ class ViewGroup(nn.Module):
         super().__init__()
         if isinstance(num, bool) or not isinstance(num, int) or num < 1:
             raise ValueError(f"a view spec needs num >= 1 views, got {num!r}")
-        self.config = config
         self.num = num
-        self.shared_crop = shared_crop
         if shared_crop:
             geometry = dataclasses.replace(config, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0,
                                            mean=None, std=None)
