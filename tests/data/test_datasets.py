@@ -16,6 +16,7 @@ from PIL import Image
 
 from selfsup.data import datasets as ds
 from selfsup.data.datasets import DATASETS, DataError, ImageData, default_root, load_dataset, load_image_files
+from selfsup.data.imagedata import convert_channels, resize_images
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -130,7 +131,7 @@ def solid(h: int, w: int, color: tuple[int, int, int]) -> np.ndarray:
 
 
 def test_unknown_name_lists_allowed_names() -> None:
-    assert DATASETS == ("fashion_mnist", "mnist", "cifar10", "cifar100", "stl10", "imagefolder",
+    assert DATASETS == ("fashion_mnist", "mnist", "cifar10", "cifar100", "stl10", "imagefolder", "shards",
                         "tensors", "digits")
     with pytest.raises(ValueError, match="unknown dataset 'imagenet'.*fashion_mnist.*digits"):
         load_dataset("imagenet")
@@ -192,15 +193,15 @@ def test_resize_and_channel_conversion() -> None:
     # A constant image stays constant; RGB -> gray uses luminance weights.
     red = torch.zeros(2, 3, 10, 10, dtype=torch.uint8)
     red[:, 0] = 255
-    gray = ds._convert_channels(red, 1)
+    gray = convert_channels(red, 1)
     assert gray.shape == (2, 1, 10, 10) and int(gray.unique()) == round(0.299 * 255)
-    assert int(ds._resize(red, 4)[:, 0].unique()) == 255
+    assert int(resize_images(red, 4)[:, 0].unique()) == 255
 
 
 def test_resize_non_square_center_crops() -> None:
     img = torch.zeros(1, 1, 10, 20, dtype=torch.uint8)
     img[..., 10:] = 200  # left half 0, right half 200
-    out = ds._resize(img, 10)
+    out = resize_images(img, 10)
     assert out.shape == (1, 1, 10, 10)
     assert out[0, 0, :, :5].eq(0).all() and out[0, 0, :, 5:].eq(200).all()
 
