@@ -38,6 +38,10 @@ class DataConfig:
     fraction_seed: int = 0
     mean: list[float] | None = None  # per-channel normalisation; None = measured on the data
     std: list[float] | None = None
+    # Image folders and shards: decode them into memory (false), or stream them from the files with the crops
+    # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
+    stream: bool | Literal["auto"] = "auto"
+    num_workers: int | None = None  # streaming loader processes; null = one per CPU core, at most 8
 
 
 @dataclass

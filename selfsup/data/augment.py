@@ -39,6 +39,7 @@ __all__ = [
     "MAST_OPS",
     "sample_op_subsets",
     "augment_throughput",
+    "sample_crop_boxes",
 ]
 
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision / PIL "L"
@@ -213,7 +214,7 @@ def _identity_boxes(batch: int, height: int, width: int, ratio: tuple[float, flo
     return box.expand(batch, 4).clone()
 
 
-def _sample_crop_boxes(batch: int, height: int, width: int, scale: tuple[float, float],
+def sample_crop_boxes(batch: int, height: int, width: int, scale: tuple[float, float],
                        ratio: tuple[float, float]) -> Tensor:
     """RandomResizedCrop boxes (Szegedy et al. 2015; torchvision's sampler, vectorised, sub-pixel).
 
@@ -378,7 +379,7 @@ class _Pipeline(nn.Module):
         identity = _identity_boxes(batch, height, width, cfg.crop_ratio)
         boxes = identity
         if crop_on.any():
-            sampled = _sample_crop_boxes(batch, height, width, cfg.crop_scale, cfg.crop_ratio)
+            sampled = sample_crop_boxes(batch, height, width, cfg.crop_scale, cfg.crop_ratio)
             boxes = torch.where(crop_on.unsqueeze(1), sampled, identity)
         crop_changed = ~_same_boxes(boxes, identity, max(height, width))
         full = _same_boxes(boxes, _identity_boxes(batch, height, width, (0.0, math.inf)), max(height, width))

@@ -8,17 +8,34 @@ BYOL/VICReg: two asymmetric specs with one view each.
 ``shared_crop`` is ExtreMA's "shared crop + colour" scheme (Wu et al., §5.1, Tab. 4): the spec's
 random resized crop and flip are drawn once per image, and each of the ``num`` views then applies
 the spec's photometric ops to that crop independently.
+
+Streaming (:mod:`selfsup.data.stream`) splits every group the same way: the loader workers take the
+crops (:class:`CropSpec`: ``num`` per image, or one shared) from the full-resolution image, and
+:meth:`ViewGroup.from_crops` applies the photometric ops on the training device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from selfsup.data.augment import Augment, AugmentConfig
 
-__all__ = ["ViewGroup", "make_views"]
+__all__ = ["CropSpec", "ViewGroup", "make_views"]
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """The geometric part of a view group, drawn by the streaming loader: ``count`` random-resized crops
+    (scale, ratio as RandomResizedCrop) of each image, mirrored with probability ``hflip_p``, at ``size`` px."""
+
+    size: int
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    hflip_p: float
+    count: int
 
 
 class ViewGroup(nn.Module):
@@ -34,12 +51,15 @@ class ViewGroup(nn.Module):
         if isinstance(num, bool) or not isinstance(num, int) or num < 1:
             raise ValueError(f"a view spec needs num >= 1 views, got {num!r}")
         self.num = num
+        self.crop_spec = CropSpec(config.size, config.crop_scale, config.crop_ratio, config.hflip_p,
+                                  1 if shared_crop else num)
+        colour = dataclasses.replace(config, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0)
+        self.colour = Augment(colour)
         if shared_crop:
             geometry = dataclasses.replace(config, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0, solarize_p=0.0,
                                            mean=None, std=None)
-            colour = dataclasses.replace(config, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0)
             self.crop: Augment | None = Augment(geometry)
-            self.augment = Augment(colour)
+            self.augment = self.colour
         else:
             self.crop = None
             self.augment = Augment(config)
@@ -49,6 +69,13 @@ class ViewGroup(nn.Module):
         if self.crop is not None:
             images = self.crop(images)
         return [self.augment(images) for _ in range(self.num)]
+
+    def from_crops(self, crops: list[Tensor]) -> list[Tensor]:
+        """Streaming: ``crop_spec.count`` crops (B, C, size, size) float in [0, 1], already cropped and
+        flipped by the loader -> ``num`` views, the photometric ops drawn per view."""
+        if len(crops) != self.crop_spec.count:
+            raise ValueError(f"expected {self.crop_spec.count} crops for this view group, got {len(crops)}")
+        return [self.colour(crops[0] if len(crops) == 1 else crops[i]) for i in range(self.num)]
 
 
 def make_views(images: Tensor, groups: list[ViewGroup]) -> list[Tensor]:

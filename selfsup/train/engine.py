@@ -30,8 +30,9 @@ from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_
                                 save_checkpoint)
 from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, to_dict
 from selfsup.data.augment import augment_config
-from selfsup.data.datasets import DATASETS, ImageData, load_dataset
+from selfsup.data.datasets import DATASETS, ImageData
 from selfsup.data.sampler import StepSampler
+from selfsup.data.stream import StreamedSplit, crop_batches, open_split, pixels_and_labels
 from selfsup.data.views import ViewGroup, make_views
 from selfsup.methods import build_method, method_config
 from selfsup.models import BACKBONES, build_backbone
@@ -47,18 +48,22 @@ MAX_SANE_WEIGHT = 1e6
 
 # Keys that may change when a run is resumed: they do not affect the computation.
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
-                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval"}
+                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval",
+                     "data.num_workers"}
 
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks
 
 
-def normalization(data: ImageData, cfg: Config) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std: from the config, or measured on (a subset of) the training images."""
+def normalization(data: ImageData | StreamedSplit, cfg: Config) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std: from the config, or measured on a subset of the training images
+    (10,000 in memory; 1,000 decoded when streaming)."""
     if cfg.data.mean is not None and cfg.data.std is not None:
         return list(cfg.data.mean), list(cfg.data.std)
-    sample = data.images[torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:10000]].float() / 255
+    count = 10000 if isinstance(data, ImageData) else 1000
+    sample = pixels_and_labels(data, torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:count])[0]
+    sample = sample.float() / 255
     mean = sample.mean(dim=(0, 2, 3)).tolist()
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
     return [round(m, 4) for m in mean], [round(s, 4) for s in std]
@@ -83,6 +88,47 @@ def build_view_groups(cfg: Config, image_size: int, mean: list[float], std: list
         except (TypeError, ValueError) as err:
             raise ConfigError(f"views.{i}: {err}") from err
     return groups
+
+
+class StepViews:
+    """The views of every step of ``[start, stop)``, in order, seeded by the step (so a resumed run gets the same).
+
+    In memory: the step's images are indexed out of the uint8 tensor and every op runs on the device.
+    Streaming: loader workers decode the images and take the crops at full resolution; the photometric ops
+    run on the device. ``unreadable`` counts the streamed images replaced because their file was unreadable.
+    """
+
+    def __init__(self, data: ImageData | StreamedSplit, sampler: StepSampler, groups: list[ViewGroup], seed: int,
+                 start: int, stop: int, device: torch.device, memory_format: torch.memory_format) -> None:
+        self.data, self.sampler, self.groups, self.seed = data, sampler, groups, seed
+        self.device, self.memory_format = device, memory_format
+        self.unreadable = 0
+        self.batches = None
+        if isinstance(data, StreamedSplit):
+            loader = crop_batches(data.source, sampler, [g.crop_spec for g in groups], data.channels, seed, start, stop,
+                                  data.workers, pin_memory=device.type == "cuda")
+            self.batches = iter(loader)
+
+    def __call__(self, step: int, rank: int, world_size: int) -> list[torch.Tensor]:
+        def to_device(images: torch.Tensor) -> torch.Tensor:
+            return images.to(self.device, non_blocking=True).float().div_(255)
+
+        if self.batches is not None:
+            batch = next(self.batches)
+            for name in batch.unreadable:
+                log.warning("unreadable image replaced by another: %s", name)
+            self.unreadable += len(batch.unreadable)
+            crops = [to_device(c) for c in batch.crops]
+        else:
+            images = to_device(self.data.images[self.sampler.indices(step)])
+        torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
+        if self.batches is None:
+            views = make_views(images, self.groups)
+        else:
+            counts = [g.crop_spec.count for g in self.groups]
+            starts = np.cumsum([0, *counts])
+            views = [v for g, s, n in zip(self.groups, starts, counts) for v in g.from_crops(crops[s:s + n])]
+        return [view.contiguous(memory_format=self.memory_format) for view in views]
 
 
 def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -> tuple[dict[str, Any], nn.Module]:
@@ -424,11 +470,11 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         changes = check_resume_compatible(state["config"], to_dict(cfg), run_dir,
                                           allowed=("optim",) if allow_optim_change else ())
 
-    # Data: the pretraining split in memory, uint8.
-    data = load_dataset(cfg.data.dataset, cfg.data.train_split, root=cfg.data.root, image_size=cfg.data.image_size,
-                        channels=cfg.data.channels, fraction=cfg.data.fraction, seed=cfg.data.fraction_seed,
-                        progress=is_main)
-    channels, image_size = data.images.shape[1], data.images.shape[2]
+    # Data: the pretraining split decoded into memory (uint8), or listed and streamed from its files.
+    data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
+                      progress=is_main)
+    channels, image_size = ((data.images.shape[1], data.images.shape[2]) if isinstance(data, ImageData)
+                            else (data.channels, data.image_size))
     mean, std = normalization(data, cfg)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))
     view_groups = build_view_groups(cfg, image_size, mean, std)
@@ -483,7 +529,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                  device, fabric.world_size)
     metrics = MetricsLog(run_dir / "metrics.csv", start_step)
     spectra = SpectrumLog(run_dir / "spectra.npz", start_step)
-    knn_monitor = build_knn_monitor(cfg, data, mean, std, channels) if is_main and cfg.monitor.knn_every_steps else None
+    knn_monitor = build_knn_monitor(cfg, data, mean, std, channels, image_size) if is_main and cfg.monitor.knn_every_steps else None
     saved_step = start_step if state is not None else None  # the step the checkpoint on disk holds
 
     def flush_logs() -> None:
@@ -535,6 +581,15 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return int(flag.item())
 
+    step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format)
+    def on_all_processes(value: int) -> int:
+        """The sum of ``value`` over the processes."""
+        if fabric.world_size == 1:
+            return value
+        total = torch.tensor([value], device=device)
+        torch.distributed.all_reduce(total)
+        return int(total.item())
+
     progress = Progress(t.progress and is_main, total_steps, start_step)
     step, window_seconds, window_images = start_step, 0.0, 0
     raw_method.train()
@@ -542,9 +597,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         try:
             while step < total_steps:
                 clock.start()
-                torch.manual_seed(t.seed * 1_000_003 + step * fabric.world_size + fabric.global_rank)
-                batch = data.images[sampler.indices(step)].to(device, non_blocking=True).float().div_(255)
-                views = [view.contiguous(memory_format=memory_format) for view in make_views(batch, view_groups)]
+                views = step_views(step, fabric.global_rank, fabric.world_size)
                 for group in optimizer.param_groups:
                     group["lr"] = float(lr_schedule[step])
                     group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
@@ -568,12 +621,15 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 log_now = step % t.log_every_steps == 0 or step == total_steps
                 collapse_now = cfg.monitor.collapse_every_steps and step % cfg.monitor.collapse_every_steps == 0
                 knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
+                unreadable = on_all_processes(step_views.unreadable) if log_now and step_views.batches is not None else None
                 if is_main and (log_now or collapse_now or knn_now):
                     row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
                                            "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
                                            **{k: float(v) for k, v in out.terms.items()},
                                            "images_per_s": round(window_images / max(window_seconds, 1e-9), 1),
                                            **clock.state()}
+                    if unreadable is not None:
+                        row["unreadable_images"] = unreadable
                     if collapse_now and out.embeddings is not None:
                         row.update(collapse_stats(out.embeddings))
                         spectra.append(step, out.embeddings)
@@ -607,14 +663,14 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     return run_dir
 
 
-def build_knn_monitor(cfg: Config, data: ImageData, mean: list[float], std: list[float], channels: int) -> KNNMonitor | None:
+def build_knn_monitor(cfg: Config, data: ImageData | StreamedSplit, mean: list[float], std: list[float],
+                      channels: int, image_size: int) -> KNNMonitor | None:
     """A fixed, seeded labelled subset: gallery from the training split, queries from the eval split."""
     if data.labels is None:
         log.warning("monitor.knn_every_steps is set but %s/%s has no labels; the kNN monitor is off",
                     cfg.data.dataset, cfg.data.train_split)
         return None
-    test = load_dataset(cfg.data.dataset, cfg.data.eval_split, root=cfg.data.root, image_size=cfg.data.image_size,
-                        channels=channels, progress=False)
+    test = open_split(cfg.data, cfg.data.eval_split, image_size=image_size, channels=channels, progress=False)
     g = torch.Generator().manual_seed(1234)
     train_idx = torch.randperm(len(data), generator=g)[:cfg.monitor.knn_train_size]
     test_idx = torch.randperm(len(test), generator=g)[:cfg.monitor.knn_test_size]
@@ -624,7 +680,7 @@ def build_knn_monitor(cfg: Config, data: ImageData, mean: list[float], std: list
     def normalize(x: torch.Tensor) -> torch.Tensor:
         return (x - m.to(x.device)) / s.to(x.device)
 
-    return KNNMonitor(data.images[train_idx], data.labels[train_idx], test.images[test_idx], test.labels[test_idx],
+    return KNNMonitor(*pixels_and_labels(data, train_idx), *pixels_and_labels(test, test_idx),
                       normalize, k=cfg.monitor.knn_k, temperature=cfg.monitor.knn_temperature)
 
 

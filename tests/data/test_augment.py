@@ -186,7 +186,7 @@ def test_crop_reads_the_requested_box() -> None:
 
 def test_crop_boxes_respect_scale_ratio_and_bounds() -> None:
     torch.manual_seed(0)
-    boxes = A._sample_crop_boxes(2000, 32, 48, (0.1, 0.5), (0.5, 2.0))
+    boxes = A.sample_crop_boxes(2000, 32, 48, (0.1, 0.5), (0.5, 2.0))
     x0, y0, w, h = boxes.unbind(1)
     assert (x0 >= 0).all() and (y0 >= 0).all() and (x0 + w <= 48 + 1e-9).all() and (y0 + h <= 32 + 1e-9).all()
     frac, aspect = w * h / (32 * 48), w / h
@@ -196,7 +196,7 @@ def test_crop_boxes_respect_scale_ratio_and_bounds() -> None:
 
 
 def test_crop_falls_back_to_centre_box_when_nothing_fits() -> None:
-    boxes = A._sample_crop_boxes(4, 10, 30, (1.0, 1.0), (1.0, 1.0))
+    boxes = A.sample_crop_boxes(4, 10, 30, (1.0, 1.0), (1.0, 1.0))
     assert torch.allclose(boxes, torch.tensor([10.0, 0.0, 10.0, 10.0], dtype=torch.float64).expand(4, 4))
 
 
