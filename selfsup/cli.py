@@ -4,8 +4,9 @@
     selfsup eval knn|linear|lowshot|cluster|all RUN_DIR [key=value ...] [--baseline raw|random] [--compare raw,random]
     selfsup embed RUN_DIR IMAGES_DIR OUT.npy
     selfsup bench CONFIG.yaml [key=value ...] [--steps N]
+    selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
 
-``eval``, ``embed`` and ``bench`` print one JSON object as their last stdout line.
+``eval``, ``embed``, ``bench`` and ``shard`` print one JSON object as their last stdout line.
 """
 
 from __future__ import annotations
@@ -81,38 +82,41 @@ def print_table(result: dict[str, float], baselines: list[str]) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> None:
-    import os
-
     import numpy as np
     import torch
 
     from selfsup.checkpoint import load_backbone
-    from selfsup.data.datasets import load_image_files
+    from selfsup.data.formats.folder import all_images
+    from selfsup.data.stream import StreamedSplit, default_workers
     from selfsup.eval.features import extract_features
     from selfsup.eval.run import device_for
 
     backbone, meta = load_backbone(Path(args.run_dir))
     folder = Path(args.images_dir)
-    data = load_image_files(folder, image_size=meta["image_size"], channels=meta["channels"],
-                            progress=sys.stderr.isatty())
+    # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
+    images = StreamedSplit(all_images(folder.expanduser()), meta["image_size"], meta["channels"],
+                           args.workers if args.workers is not None else default_workers())
     device = device_for()
     mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
     std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
-    feats = extract_features(backbone.to(device), data.images, device=device, transform=lambda x: (x - mean) / std,
-                             progress=sys.stderr.isatty())
+    feats = extract_features(backbone.to(device), images, device=device, transform=lambda x: (x - mean) / std,
+                             progress=sys.stderr.isatty())[images.readable]
+    names = [images.source.name(i) for i in range(len(images))]
+    kept = [n for n, ok in zip(names, images.readable.tolist()) if ok]
+    unreadable = [n for n, ok in zip(names, images.readable.tolist()) if not ok]
     out = Path(args.out)
     out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, feats.numpy())
     # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); unreadable files are not rows.
     files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
-    files.write_text("".join(os.path.relpath(p, folder) + "\n" for p in data.paths))
-    if data.skipped:
-        skipped.write_text("".join(os.path.relpath(p, folder) + "\n" for p in data.skipped))
+    files.write_text("".join(name + "\n" for name in kept))
+    if unreadable:
+        skipped.write_text("".join(name + "\n" for name in unreadable))
     else:
         skipped.unlink(missing_ok=True)
     print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
-                      "skipped": len(data.skipped), **({"skipped_files": str(skipped)} if data.skipped else {})}))
+                      "skipped": len(unreadable), **({"skipped_files": str(skipped)} if unreadable else {})}))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -120,6 +124,29 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     cfg = load_config(args.config, args.overrides)
     print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup)))
+
+
+def cmd_shard(args: argparse.Namespace) -> None:
+    from selfsup.data.datasets import DataError
+    from selfsup.data.formats.folder import folder_source, reference_classes, split_dir
+    from selfsup.data.formats.shards import write_shards
+
+    root = Path(args.images_dir).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{root} is not a directory; pass an image folder (root/<class>/*.jpg, or root/<split>/...)")
+    splits = (args.splits.split(",") if args.splits
+              else ["train", *(s for s in ("val", "validation", "test") if (root / s).is_dir())])
+    result = {}
+    for split in splits:
+        # The split as data.dataset=imagefolder reads it, labels included (other splits use train's classes).
+        source = folder_source(split_dir(root, split), reference_classes(root, split))
+        out = Path(args.out_dir).expanduser() / split
+        log.info("sharding %s/%s: %d images into %s", root, split, len(source), out)
+        index = write_shards(source, out, max_count=args.max_count, max_bytes=int(args.max_mb * 2**20),
+                             progress=sys.stderr.isatty())
+        result[split] = {"images": len(source), "shards": len(index["shardlist"]), "out": str(out),
+                         "classes": len(source.classes or [])}
+    print(json.dumps(result))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("images_dir")
     p.add_argument("out")
+    p.add_argument("--workers", type=int, default=None, help="image decoding processes (default: one per core, "
+                                                              "at most 8; 0 decodes in this process)")
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("bench", help="images/s of the training step and of augmentation, and peak memory")
@@ -155,6 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("shard", help="convert an image folder into WebDataset tar shards (data.dataset=shards)")
+    p.add_argument("images_dir", help="an image folder as data.dataset=imagefolder reads it")
+    p.add_argument("out_dir", help="written as OUT_DIR/<split>/shard-NNNNNN.tar + index.json; then use "
+                                   "data.dataset=shards data.root=OUT_DIR")
+    p.add_argument("--splits", default="", help="comma-separated splits (default: train, and val/validation/test "
+                                                "when IMAGES_DIR has them)")
+    p.add_argument("--max-count", type=int, default=10_000, help="images per shard at most (default 10000)")
+    p.add_argument("--max-mb", type=float, default=1024, help="MiB per shard at most (default 1024)")
+    p.set_defaults(func=cmd_shard)
     return parser
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from selfsup.data.decode import ImageSource, decode_all
 from selfsup.data.formats import cifar, digits, idx, stl10, tensors
-from selfsup.data.formats.folder import all_images, folder_source, reference_classes, split_dir
+from selfsup.data.formats.folder import folder_source, reference_classes, split_dir
 from selfsup.data.formats.shards import shard_source
 from selfsup.data.imagedata import DataError, ImageData, convert_channels, resize_images, subset_indices
 
 __all__ = ["DATASETS", "STREAMABLE", "DataError", "ImageData", "ImageSource", "default_root", "load_dataset",
-           "load_image_files", "open_images"]
+           "open_images"]
 
 DATASETS: tuple[str, ...] = (
     "fashion_mnist",
@@ -146,15 +146,6 @@ def load_dataset(
     if images is not data.images:
         data = ImageData(images, data.labels, data.classes, data.skipped, data.paths)
     return data
-
-
-def load_image_files(folder: str | Path, image_size: int | None = None, channels: int = 3,
-                     progress: bool = True) -> ImageData:
-    """Every image under ``folder`` (loose files and sub-folders alike, sorted by path), unlabelled.
-
-    For embedding a folder: ``paths`` gives the file of each row, ``skipped`` the unreadable ones.
-    """
-    return decode_all(all_images(Path(folder).expanduser()), image_size, channels, None, progress)
 
 
 def _check_name(name: str) -> None:

@@ -52,6 +52,11 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def _why(err: Exception) -> str:
+    """An error in a few words (PIL names in-memory files by their repr, which says nothing)."""
+    return f"{type(err).__name__}: {str(err).split(' <_io.')[0]}"
+
+
 def crop_seed(seed: int, step: int, position: int) -> int:
     """The seed of the crops of the image at ``position`` in the global batch of ``step``."""
     return ((seed * 1_000_003 + step) * 1_000_033 + position) % (2**63)
@@ -112,7 +117,7 @@ class CropStream(Dataset):
                 try:
                     return index, decode_crops(self.source.open(index), self.mode, self._choose), unreadable
                 except Exception as err:  # any unreadable file is replaced and counted, never fatal
-                    unreadable.append(f"{self.source.name(index)} ({type(err).__name__}: {err})")
+                    unreadable.append(f"{self.source.name(index)} ({_why(err)})")
                     if len(unreadable) > MAX_REPLACEMENTS:
                         raise DataError(f"{len(unreadable)} unreadable images in a row in {self.source.root} "
                                         f"(last: {unreadable[-1]}); check data.root") from err
@@ -145,7 +150,7 @@ class _Resized(Dataset):
         try:
             return index, decode_resized(self.source.open(index), self.size, self.mode), ""
         except Exception as err:  # left out and reported by StreamedSplit
-            return index, None, f"{self.source.name(index)} ({type(err).__name__}: {err})"
+            return index, None, f"{self.source.name(index)} ({_why(err)})"
 
 
 def _collate_resized(items: list[tuple[int, np.ndarray | None, str]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:

@@ -7,13 +7,23 @@ here, so evaluation never depends on a training method (GUIDE §3).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Iterator
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 ArrayLike = torch.Tensor | np.ndarray
+
+
+class ImageBatches(Protocol):
+    """Images that do not fit in memory (e.g. :class:`selfsup.data.stream.StreamedSplit`): ``len`` rows,
+    read in order as (uint8 (B, C, H, W) images, their row numbers)."""
+
+    def __len__(self) -> int: ...
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def as_feature_tensor(feats: ArrayLike, name: str = "features") -> torch.Tensor:
@@ -115,7 +125,7 @@ def _resolve_device(model: nn.Module, device: torch.device | str | None) -> torc
 
 def extract_features(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | ImageBatches,
     batch_size: int = 256,
     device: torch.device | str | None = None,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -128,24 +138,33 @@ def extract_features(
     in eval mode under ``torch.inference_mode``; every submodule's train/eval flag is restored
     afterwards, even on error. ``device=None`` uses the device of the model's parameters.
     The model must return one vector per image, shape ``(B, D)``.
+
+    ``images`` may also be :class:`ImageBatches` read from files; rows it could not read stay zero.
     """
-    images = _check_images(images)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if isinstance(images, torch.Tensor) or isinstance(images, np.ndarray):
+        images = _check_images(images)
+        num_images = images.shape[0]
+        batches = ((images[s:s + batch_size], torch.arange(s, min(s + batch_size, num_images)))
+                   for s in range(0, num_images, batch_size))
+    else:
+        num_images = len(images)
+        batches = images.batches(batch_size)
     target = _resolve_device(model, device)
     modes = {module: module.training for module in model.modules()}
-    num_images = images.shape[0]
     out: torch.Tensor | None = None
-    starts = range(0, num_images, batch_size)
     if progress:
         from tqdm.auto import tqdm
 
-        starts = tqdm(starts, desc="features", unit="batch")
+        batches = tqdm(batches, total=-(-num_images // batch_size), desc="features", unit="batch")
     model.eval()
     try:
         with torch.inference_mode():
-            for start in starts:
-                batch = images[start : start + batch_size].to(target, non_blocking=True).float().div_(255.0)
+            for pixels, rows in batches:
+                if len(rows) == 0:
+                    continue
+                batch = pixels.to(target, non_blocking=True).float().div_(255.0)
                 if transform is not None:
                     batch = transform(batch)
                 emb = model(batch)
@@ -156,18 +175,19 @@ def extract_features(
                         "it returns the pooled feature (e.g. the [CLS] token or global average pool)."
                     )
                 if out is None:
-                    out = torch.empty(num_images, emb.shape[1], dtype=torch.float32)
-                out[start : start + emb.shape[0]] = emb.float().cpu()
+                    out = torch.zeros(num_images, emb.shape[1], dtype=torch.float32)
+                out[rows] = emb.float().cpu()
     finally:
         for module, mode in modes.items():
             module.training = mode
-    assert out is not None
+    if out is None:
+        raise ValueError("no image could be read: every batch was empty")
     return out
 
 
 def extract_view_averaged_features(
     model: nn.Module,
-    images: torch.Tensor,
+    images: torch.Tensor | ImageBatches,
     views: int,
     augment: Callable[[torch.Tensor], torch.Tensor] | None,
     seed: int = 0,

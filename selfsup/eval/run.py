@@ -17,7 +17,7 @@ from torch import nn
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
 from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
-from selfsup.data.datasets import load_dataset
+from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval.clustering import kmeans_cluster
 from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import knn_classify
@@ -83,8 +83,7 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     splits = []
     train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
     for split in (train_split,) if holdout is not None else (train_split, d.eval_split):
-        data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels,
-                            progress=progress)
+        data = open_split(d, split, image_size=image_size, channels=channels, progress=progress)
         if data.labels is None:
             raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
                               f"(set data.train_split / data.eval_split)")
@@ -104,24 +103,30 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     if views > 1:
         view = cfg.views[0]
         try:
-            aug_cfg = augment_config(view.preset, train.images.shape[-1], mean=mean_std[0], std=mean_std[1],
+            size = train.image_size if isinstance(train, StreamedSplit) else train.images.shape[-1]
+            aug_cfg = augment_config(view.preset, size, mean=mean_std[0], std=mean_std[1],
                                      **view.params)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"views.0 (the augmentation of eval.linear_views): {err}") from err
         augment = Augment(aug_cfg).to(device)
 
-    def embed(images: torch.Tensor) -> torch.Tensor:
-        return extract_view_averaged_features(model, images, views, augment, seed=cfg.eval.seed,
-                                              batch_size=cfg.eval.batch_size, device=device, transform=normalize,
-                                              progress=progress)
+    def embed(split) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels of a split (a streamed one read from its files, unreadable images left out)."""
+        streamed = isinstance(split, StreamedSplit)
+        feats = extract_view_averaged_features(model, split if streamed else split.images, views, augment,
+                                               seed=cfg.eval.seed, batch_size=cfg.eval.batch_size, device=device,
+                                               transform=normalize, progress=progress)
+        if streamed:
+            return feats[split.readable], split.labels[split.readable]
+        return feats, split.labels
 
     if holdout is None:
-        return Features(embed(train.images), train.labels, embed(splits[1].images), splits[1].labels)
-    fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(train.labels.numpy(), holdout, cfg.eval.seed))
+        return Features(*embed(train), *embed(splits[1]))
+    feats, labels = embed(train)
+    fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(labels.numpy(), holdout, cfg.eval.seed))
     log.info("eval.holdout=%s: evaluating on %d held-out %s images, %d labelled for training", holdout,
              len(held_out), train_split, len(fit))
-    feats = embed(train.images)
-    return Features(feats[fit], train.labels[fit], feats[held_out], train.labels[held_out])
+    return Features(feats[fit], labels[fit], feats[held_out], labels[held_out])
 
 
 def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) -> dict[str, float]:

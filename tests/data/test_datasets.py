@@ -15,7 +15,9 @@ import torch
 from PIL import Image
 
 from selfsup.data import datasets as ds
-from selfsup.data.datasets import DATASETS, DataError, ImageData, default_root, load_dataset, load_image_files
+from selfsup.data.datasets import DATASETS, DataError, ImageData, default_root, load_dataset
+from selfsup.data.formats.folder import all_images
+from selfsup.data.stream import StreamedSplit
 from selfsup.data.imagedata import convert_channels, resize_images
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -587,13 +589,14 @@ def test_imagefolder_without_train_folder_labels_other_splits_by_the_root_classe
     assert test.classes == ["x", "y"] and test.labels.tolist() == [1]
 
 
-def test_load_image_files_reads_loose_files_and_sub_folders_in_path_order(tmp_path: Path) -> None:
+def test_all_images_streams_loose_files_and_sub_folders_in_path_order(tmp_path: Path) -> None:
     save_image(tmp_path / "b.png", solid(4, 4, (1, 0, 0)))
     save_image(tmp_path / "a" / "z.png", solid(4, 4, (2, 0, 0)))
     (tmp_path / "c.jpg").write_bytes(b"not an image")
-    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
-        data = load_image_files(tmp_path, progress=False)
-    assert [Path(p).relative_to(tmp_path).as_posix() for p in data.paths] == ["a/z.png", "b.png"]
-    assert data.images[:, 0, 0, 0].tolist() == [2, 1] and data.labels is None
-    assert [Path(p).name for p in data.skipped] == ["c.jpg"]
-    assert data.subset([1]).paths == [data.paths[1]]
+    source = all_images(tmp_path)
+    assert [source.name(i) for i in range(len(source))] == ["a/z.png", "b.png", "c.jpg"] and source.labels is None
+    split = StreamedSplit(source, 4, 3, workers=0)
+    with pytest.warns(UserWarning, match="skipped 1 unreadable.*c.jpg"):
+        batches = list(split.batches(2))
+    assert torch.cat([images for images, _ in batches])[:, 0, 0, 0].tolist() == [2, 1]
+    assert split.readable.tolist() == [True, True, False]
