@@ -1,7 +1,11 @@
 """``selfsup bench``: images/s of the training step and of the augmentation pipeline, and peak memory.
 
 Both speeds are measured in the same process on the same batches, so their ratio is meaningful
-on a shared, noisy machine; absolute numbers are not.
+on a shared, noisy machine; absolute numbers are not. A streamed dataset (``data.stream``) adds the
+loader: images/s of reading + decoding + cropping with the configured workers, and the decode cost
+per image in one process, so a user sees whether the loader or the step limits training. They are
+measured one after the other (loader alone, then the step on batches it produced), so on a machine
+with few cores the two do not slow each other during the measurement, as they would in a run.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from typing import Any
 import torch
 
 from selfsup.config import Config
-from selfsup.data.datasets import load_dataset
+from selfsup.data.sampler import StepSampler
+from selfsup.data.stream import StreamedSplit, crop_batches, open_split
 from selfsup.data.views import make_views
-from selfsup.train.engine import build_view_groups, build_model, normalization, validate
+from selfsup.train.engine import StepViews, build_view_groups, build_model, normalization, validate
 from selfsup.train.optim import build_optimizer
 
 
@@ -33,9 +38,10 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
-    data = load_dataset(cfg.data.dataset, cfg.data.train_split, root=cfg.data.root, image_size=cfg.data.image_size,
-                        channels=cfg.data.channels, fraction=cfg.data.fraction, progress=False)
-    channels, size = data.images.shape[1], data.images.shape[2]
+    data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
+                      progress=False)
+    streamed = isinstance(data, StreamedSplit)
+    channels, size = (data.channels, data.image_size) if streamed else (data.images.shape[1], data.images.shape[2])
     mean, std = normalization(data, cfg)
     view_groups = build_view_groups(cfg, size, mean, std)
     method = build_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
@@ -44,14 +50,22 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
                 else torch.autocast(device.type, enabled=False))
+    loader: dict[str, Any] = {}
+    if streamed:
+        loader = _loader_speed(data, cfg, view_groups, steps, warmup)
+        # The step below runs on the crops of every view: the full-resolution decode is the loader's work.
+        step_views = StepViews(data, StepSampler(len(data), t.batch_size, seed=t.seed), view_groups, t.seed, 0,
+                               steps + warmup, device, memory_format)
+        view_batches = [step_views(i, 0, 1) for i in range(steps + warmup)]
     g = torch.Generator().manual_seed(0)
-    batches = [data.images[torch.randint(len(data), (t.batch_size,), generator=g)] for _ in range(steps + warmup)]
+    batches = [] if streamed else [data.images[torch.randint(len(data), (t.batch_size,), generator=g)]
+                                   for _ in range(steps + warmup)]
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    # Augmentation alone: uint8 batch -> all views.
+    # Augmentation alone: uint8 batch -> all views (in memory; a streamed run's crops come from the loader).
     aug_time = 0.0
     for i, images in enumerate(batches):
         sync()
@@ -64,11 +78,14 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
 
     # Full training step: augmentation + forward + backward + optimiser (+ EMA).
     step_time = 0.0
-    for i, images in enumerate(batches):
+    for i in range(steps + warmup):
         sync()
         start = time.perf_counter()
-        x = images.to(device).float().div_(255)
-        views = [view.contiguous(memory_format=memory_format) for view in make_views(x, view_groups)]
+        if streamed:
+            views = view_batches[i]
+        else:
+            x = batches[i].to(device).float().div_(255)
+            views = [view.contiguous(memory_format=memory_format) for view in make_views(x, view_groups)]
         with autocast:
             out = method(views)
         optimizer.zero_grad(set_to_none=True)
@@ -81,12 +98,35 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
             step_time += time.perf_counter() - start
 
     train_ips = steps * t.batch_size / step_time
-    aug_ips = steps * t.batch_size / aug_time
+    if streamed:
+        loader["loader_to_train_ratio"] = round(loader["loader_images_per_s"] / train_ips, 2)
+    augment = {} if streamed else {"augment_images_per_s": round(steps * t.batch_size / aug_time, 1),
+                                   "augment_to_train_ratio": round(steps * t.batch_size / aug_time / train_ips, 2)}
     return {
         "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device),
         "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
-        "train_images_per_s": round(train_ips, 1), "augment_images_per_s": round(aug_ips, 1),
-        "augment_to_train_ratio": round(aug_ips / train_ips, 2),
+        "train_images_per_s": round(train_ips, 1), **augment, **loader,
         "peak_memory_mib": round(_peak_memory_mib(device), 1),
     }
+
+
+def _loader_speed(data: StreamedSplit, cfg: Config, view_groups: list, steps: int, warmup: int) -> dict[str, Any]:
+    """Images/s of the streaming loader (read + decode + crop every view) with ``data.num_workers`` workers,
+    and the milliseconds one process spends per image."""
+    t = cfg.trainer
+    specs = [g.crop_spec for g in view_groups]
+    sampler = StepSampler(len(data), t.batch_size, seed=t.seed)
+
+    def images_per_s(workers: int, count: int) -> float:
+        batches = iter(crop_batches(data.source, sampler, specs, data.channels, t.seed, 0, count + warmup, workers))
+        for _ in range(warmup):  # worker start-up and the first prefetch are not throughput
+            next(batches)
+        start = time.perf_counter()
+        for _ in range(count):
+            next(batches)
+        return count * t.batch_size / (time.perf_counter() - start)
+
+    one_process = images_per_s(0, max(1, steps // 4))
+    return {"loader_workers": data.workers, "loader_images_per_s": round(images_per_s(data.workers, steps), 1),
+            "decode_ms_per_image": round(1000 / one_process, 2)}

@@ -1,0 +1,80 @@
+"""Streaming runs end to end through the CLI: pretrain from a JPEG folder with an unreadable file (counted in
+metrics.csv), a kill inside the optimiser step resumed to the same weights as an uninterrupted run, evaluation
+and bench reading the files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from data.test_stream import make_folder
+from selfsup.cli import main
+from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, assert_same_state, cli, finish, resume
+
+STREAMING = """
+method: {{name: vicreg, expander: [64, 64]}}
+data: {{dataset: imagefolder, root: {root}, eval_split: val, image_size: 16, stream: true, num_workers: 2}}
+views:
+  - {{preset: simclr_cifar, num: 1, params: {{crop_scale: [0.3, 1.0]}}}}
+  - {{preset: simclr_cifar, num: 1, params: {{crop_scale: [0.3, 1.0]}}}}
+model:
+  backbone: resnet
+  params: {{block: basic, layers: [1, 1], width: 8, small_stem: true}}
+optim: {{name: adamw, lr: 0.002, warmup_epochs: 0.5}}
+trainer: {{epochs: 4, batch_size: 16, log_every_steps: 4, checkpoint_every_steps: 4, progress: false}}
+monitor: {{knn_every_steps: 10, knn_train_size: 40, knn_test_size: 10}}
+eval: {{linear_epochs: 3, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}}
+"""
+TOTAL_STEPS = 4 * (40 // 16)
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    make_folder(root / "train", per_class=20)
+    make_folder(root / "val", per_class=5)
+    (root / "train" / "c1" / "007.jpg").write_bytes(b"\xff\xd8 truncated")
+    path = root / "streaming.yaml"
+    path.write_text(STREAMING.format(root=root))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"]))
+    assert code == 0, err[-2000:]
+    assert "data: streaming imagefolder/train (40 images) with 2 loader workers" in err
+    assert "unreadable image replaced by another: c1/007.jpg" in err
+    return run
+
+
+def test_streaming_run_counts_unreadable_images_in_metrics(reference: Path) -> None:
+    with (reference / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["loss"]][-1] == TOTAL_STEPS
+    counts = [int(r["unreadable_images"]) for r in rows if r.get("unreadable_images")]
+    assert counts == sorted(counts) and counts[-1] >= 1  # cumulative over the run
+    assert any(r.get("knn_top1") for r in rows)  # the kNN monitor reads its images from the files too
+
+
+def test_a_kill_inside_the_optimizer_step_resumes_to_the_same_weights(config, reference, tmp_path) -> None:
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=6)))
+    assert code == 130 and "stopped: SIGINT at step 6; checkpoint saved" in err, err[-2000:]
+    resume(run)
+    assert_same_state(reference, run)
+
+
+def test_eval_and_bench_stream_the_files(config, reference, capsys) -> None:
+    assert main(["eval", "knn", str(reference), "--compare", "raw"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= result["knn_top1"] <= 100 and "raw_knn_top1" in result
+    assert main(["bench", str(config), "--steps", "2", "--warmup", "1"]) == 0
+    bench = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert bench["loader_workers"] == 2 and bench["loader_images_per_s"] > 0 and bench["decode_ms_per_image"] > 0
+    assert bench["loader_to_train_ratio"] == pytest.approx(bench["loader_images_per_s"] / bench["train_images_per_s"],
+                                                            rel=0.02)
