@@ -78,3 +78,15 @@ def test_eval_and_bench_stream_the_files(config, reference, capsys) -> None:
     assert bench["loader_workers"] == 2 and bench["loader_images_per_s"] > 0 and bench["decode_ms_per_image"] > 0
     assert bench["loader_to_train_ratio"] == pytest.approx(bench["loader_images_per_s"] / bench["train_images_per_s"],
                                                             rel=0.02)
+
+
+def test_two_process_streaming_run(config, tmp_path) -> None:
+    """``trainer.devices=2``: Fabric's 2 gloo processes each stream their half of every batch with their own workers."""
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.devices=2",
+                            "trainer.accelerator=cpu", "trainer.epochs=2", "data.num_workers=1",
+                            "monitor.knn_every_steps=0"]))
+    assert code == 0 and "cpu x2" in err, err[-3000:]
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert int(rows[-1]["step"]) == 4 and "unreadable_images" in rows[-1]  # summed over both processes
