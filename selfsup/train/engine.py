@@ -102,32 +102,28 @@ class StepViews:
                  start: int, stop: int, device: torch.device, memory_format: torch.memory_format) -> None:
         self.data, self.sampler, self.groups, self.seed = data, sampler, groups, seed
         self.device, self.memory_format = device, memory_format
+        self.streamed = isinstance(data, StreamedSplit)
         self.unreadable = 0
-        self.batches = None
-        if isinstance(data, StreamedSplit):
-            loader = crop_batches(data.source, sampler, [g.crop_spec for g in groups], data.channels, seed, start, stop,
-                                  data.workers, pin_memory=device.type == "cuda")
-            self.batches = iter(loader)
+        if self.streamed:
+            self.batches = iter(crop_batches(data.source, sampler, [g.crop_spec for g in groups], data.channels, seed,
+                                             start, stop, data.workers, pin_memory=device.type == "cuda"))
+
+    def _on_device(self, images: torch.Tensor) -> torch.Tensor:
+        return images.to(self.device, non_blocking=True).float().div_(255)
 
     def __call__(self, step: int, rank: int, world_size: int) -> list[torch.Tensor]:
-        def to_device(images: torch.Tensor) -> torch.Tensor:
-            return images.to(self.device, non_blocking=True).float().div_(255)
-
-        if self.batches is not None:
+        if self.streamed:
             batch = next(self.batches)
             for name in batch.unreadable:
                 log.warning("unreadable image replaced by another: %s", name)
             self.unreadable += len(batch.unreadable)
-            crops = [to_device(c) for c in batch.crops]
+            crops = iter([self._on_device(c) for c in batch.crops])
+            torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
+            views = [v for g in self.groups for v in g.from_crops([next(crops) for _ in range(g.crop_spec.count)])]
         else:
-            images = to_device(self.data.images[self.sampler.indices(step)])
-        torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
-        if self.batches is None:
+            images = self._on_device(self.data.images[self.sampler.indices(step)])
+            torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
             views = make_views(images, self.groups)
-        else:
-            counts = [g.crop_spec.count for g in self.groups]
-            starts = np.cumsum([0, *counts])
-            views = [v for g, s, n in zip(self.groups, starts, counts) for v in g.from_crops(crops[s:s + n])]
         return [view.contiguous(memory_format=self.memory_format) for view in views]
 
 
@@ -210,6 +206,8 @@ def validate(cfg: Config) -> None:
     t, m = cfg.trainer, cfg.monitor
     for key, value, least, hint in (
             ("data.image_size", cfg.data.image_size, 1, "a side length in pixels, or null (the stored size)"),
+            ("data.num_workers", cfg.data.num_workers, 0, "a number of loader processes (0: decode in the training "
+             "process), or null (one per core, at most 8)"),
             ("trainer.batch_size", t.batch_size, 2, "the global batch, at least 2"),
             ("trainer.devices", t.devices, 1, "the number of processes per node, at least 1"),
             ("trainer.num_nodes", t.num_nodes, 1, "at least 1"),
@@ -581,7 +579,6 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return int(flag.item())
 
-    step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format)
     def on_all_processes(value: int) -> int:
         """The sum of ``value`` over the processes."""
         if fabric.world_size == 1:
@@ -590,6 +587,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         torch.distributed.all_reduce(total)
         return int(total.item())
 
+    step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format)
     progress = Progress(t.progress and is_main, total_steps, start_step)
     step, window_seconds, window_images = start_step, 0.0, 0
     raw_method.train()
@@ -621,7 +619,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 log_now = step % t.log_every_steps == 0 or step == total_steps
                 collapse_now = cfg.monitor.collapse_every_steps and step % cfg.monitor.collapse_every_steps == 0
                 knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
-                unreadable = on_all_processes(step_views.unreadable) if log_now and step_views.batches is not None else None
+                unreadable = on_all_processes(step_views.unreadable) if log_now and step_views.streamed else None
                 if is_main and (log_now or collapse_now or knn_now):
                     row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
                                            "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
@@ -660,6 +658,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         plot_metrics(metrics.rows, run_dir / "plots")
         spectra.plot(run_dir / "plots" / "eigenspectrum.png")
         log.info("done: %d steps; backbone exported to %s", step, run_dir / "backbone.safetensors")
+    fabric.barrier()  # every process leaves together: none tears down gloo while another still exports
     return run_dir
 
 
