@@ -14,6 +14,9 @@ from data.test_stream import make_folder
 from selfsup.cli import main
 from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, assert_same_state, cli, finish, resume
 
+# The folder's broken file is deliberate: its replacement is asserted from the logs, its warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore:skipped 1 unreadable images")
+
 STREAMING = """
 method: {{name: vicreg, expander: [64, 64]}}
 data: {{dataset: imagefolder, root: {root}, eval_split: val, image_size: 16, stream: true, num_workers: 2}}
