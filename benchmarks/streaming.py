@@ -1,6 +1,7 @@
 """The streaming data path's bars, measured on a generated folder of JPEGs (made here, never committed).
 
     python benchmarks/streaming.py [--data DIR] [--images 20000] [--subset 2000] [--steps 40] [--workers 2]
+    python benchmarks/streaming.py --layouts    # folder vs tar shards, JPEG draft mode on vs off
 
 1. Memory does not grow with the dataset: peak memory of the same streaming pretraining run (the
    quick-start model on 64 px crops, ``--steps`` steps of 64) on ``--subset`` images (``data.fraction``)
@@ -12,6 +13,10 @@
    step's images/s on the same crops.
 3. Coverage under DDP: 2 gloo processes read one epoch through the training loader (global batch
    100, so no incomplete last batch is dropped): every image exactly once, none twice.
+
+``--layouts`` measures the choices instead: the folder converted by ``selfsup shard`` (time, size),
+and the loader (``selfsup bench``, in this process, one after the other) reading the folder, the
+shards, and the folder with JPEG draft mode switched off (every image decoded at full size).
 
 Prints one JSON object. The folder (``--data``, default $TMPDIR/selfsup-stream-bench) is reused
 when it already holds the images; JPEGs are 300-500 px a side, smooth random colour fields with
@@ -147,6 +152,37 @@ def coverage(root: Path, batch: int = 100) -> dict:
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
+def layouts(root: Path, common: list[str]) -> dict:
+    import selfsup.data.decode as decode
+    from selfsup.config import load_config
+    from selfsup.train.bench import bench
+
+    shards = root.with_name(root.name + "-shards")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "selfsup.cli", "shard", str(root), str(shards)], check=True,
+                   capture_output=True)
+    out: dict = {"shard_s": round(time.perf_counter() - start, 1),
+                 "shard_bytes": sum(p.stat().st_size for p in (shards / "train").glob("*.tar"))}
+    keys = ("loader_images_per_s", "decode_ms_per_image", "train_images_per_s", "loader_to_train_ratio")
+
+    def measure(*overrides: str) -> dict:
+        result = bench(load_config(common[0], [*common[1:], *overrides]), steps=20, warmup=2)
+        return {k: result[k] for k in keys}
+
+    out["folder"] = measure()
+    out["shards"] = measure("data.dataset=shards", f"data.root={shards}")
+    draft = decode._draft_reduction
+    decode._draft_reduction = lambda crops: 1
+    try:
+        out["folder_without_draft"] = measure()
+    finally:
+        decode._draft_reduction = draft
+    out["shards_to_folder"] = round(out["shards"]["loader_images_per_s"] / out["folder"]["loader_images_per_s"], 2)
+    out["draft_speedup"] = round(out["folder"]["loader_images_per_s"]
+                                 / out["folder_without_draft"]["loader_images_per_s"], 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "selfsup-stream-bench"))
@@ -154,6 +190,7 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=2_000)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--layouts", action="store_true", help="compare folder / shards / no JPEG draft mode")
     args = parser.parse_args()
     root = Path(args.data)
     result: dict = {"cpu": _cpu_model(), "date": time.strftime("%Y-%m-%d"), "folder": make_folder(root, args.images)}
@@ -162,6 +199,9 @@ def main() -> None:
               "data.stream=true", f"data.num_workers={args.workers}", "data.mean=[0.5,0.5,0.5]",
               "data.std=[0.25,0.25,0.25]", "trainer.batch_size=64", f"trainer.max_steps={args.steps}",
               "trainer.progress=false", "monitor.knn_every_steps=0"]
+    if args.layouts:
+        print(json.dumps({**result, "layouts": layouts(root, common)}))
+        return
     memory = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, fraction in (("subset", args.subset / args.images), ("all", 1.0)):
