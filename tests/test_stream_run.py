@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from data.test_stream import make_folder
 from selfsup.cli import main
@@ -93,3 +94,24 @@ def test_two_process_streaming_run(config, tmp_path) -> None:
     with (run / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert int(rows[-1]["step"]) == 4 and "unreadable_images" in rows[-1]  # summed over both processes
+
+
+# Every image read for step 5 or later fails (as if the storage went away): the run must stop with a clear
+# error and keep the 5 steps it made, although no checkpoint was due.
+STORAGE_LOST_AT_STEP_5 = """
+import selfsup.data.stream as stream
+_read = stream.decode_crops
+def decode_crops(source, mode, choose):
+    if stream.torch.initial_seed() >= stream.crop_seed(0, 5, 0):
+        raise OSError("storage unreachable")
+    return _read(source, mode, choose)
+stream.decode_crops = decode_crops
+"""
+
+
+def test_a_data_error_mid_run_keeps_the_steps_done(config, tmp_path) -> None:
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.checkpoint_every_steps=100",
+                            "data.num_workers=0", "monitor.knn_every_steps=0"], STORAGE_LOST_AT_STEP_5))
+    assert code == 2 and "unreadable images in a row" in err and "storage unreachable" in err, err[-2000:]
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 5

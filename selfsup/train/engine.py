@@ -30,7 +30,7 @@ from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_
                                 save_checkpoint)
 from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, to_dict
 from selfsup.data.augment import augment_config
-from selfsup.data.datasets import DATASETS, ImageData
+from selfsup.data.datasets import DATASETS, DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split, pixels_and_labels
 from selfsup.data.views import ViewGroup, make_views
@@ -595,7 +595,12 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         try:
             while step < total_steps:
                 clock.start()
-                views = step_views(step, fabric.global_rank, fabric.world_size)
+                try:
+                    views = step_views(step, fabric.global_rank, fabric.world_size)
+                except DataError:  # e.g. a folder whose files all became unreadable: keep the steps done so far
+                    if fabric.world_size == 1 and saved_step != step:
+                        checkpoint(step)
+                    raise
                 for group in optimizer.param_groups:
                     group["lr"] = float(lr_schedule[step])
                     group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
