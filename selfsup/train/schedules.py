@@ -52,3 +52,20 @@ def stretched(schedule_fn, total_steps: int, stretch: float, *args) -> np.ndarra
     so they never reach their final value.
     """
     return schedule_fn(*args, int(round(total_steps * stretch)))[:total_steps]
+
+
+def augmentation_count_schedule(num_ops: int, total_steps: int, first_stage: float = 0.5) -> np.ndarray:
+    """MAST's two-stage augmentation schedule (Huang et al. 2023, §3.2): the number of augmentations composed
+    per pair at each step.
+
+    Stage 1 (the first ``first_stage`` of the run; the paper: 500 of 1000 epochs) applies one augmentation
+    at a time; stage 2 composes a number that grows linearly from 1 to ``num_ops``, reached at the last
+    step (``1 + round((K - 1) * t / (T2 - 1))`` at step t of the T2 stage-2 steps).
+    """
+    if num_ops < 1 or total_steps < 1 or not 0.0 <= first_stage <= 1.0:
+        raise ValueError(f"need num_ops >= 1, total_steps >= 1 and first_stage in [0, 1]; got {num_ops}, "
+                         f"{total_steps}, {first_stage}")
+    stage1 = int(round(first_stage * total_steps))
+    stage2 = total_steps - stage1
+    ramp = 1 + np.rint((num_ops - 1) * np.arange(stage2) / max(stage2 - 1, 1)).astype(np.int64)
+    return np.concatenate([np.ones(stage1, dtype=np.int64), ramp])

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_utils import run_ddp
 from selfsup.losses.barlow import barlow_twins_loss
+from selfsup.losses.mast import mast_loss
 from selfsup.losses.multiview import barlow_twins_multiview_loss, vicreg_multiview_loss
 from selfsup.losses.vicreg import vicreg_loss
 from selfsup.train import distributed
@@ -30,6 +31,10 @@ LOSSES = {
     # M = 3 views: the two inputs and a third one made from both (its rows stay with their samples).
     "barlow_twins_multiview": lambda a, b: barlow_twins_multiview_loss([a, b, 0.5 * (a + b.flip(1))], lambd=0.1)[0],
     "vicreg_multiview": lambda a, b: vicreg_multiview_loss([a, b, 0.5 * (a + b.flip(1))])[0],
+    # Means a, b; variances from them; masks fixed; the active subspaces a function of each row (stay with it).
+    "mast": lambda a, b: mast_loss(a, nn.functional.softplus(a), b, nn.functional.softplus(b.flip(1)),
+                                   torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2),
+                                   (a[:, :2] > 0).to(a.dtype))[0],
 }
 
 

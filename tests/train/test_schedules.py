@@ -73,3 +73,14 @@ def test_ema_horizon_is_a_fraction_of_the_run() -> None:
     assert ema_momentum(0.996, 0.001, 100) == 0.0  # shorter than a step: no averaging
     with pytest.raises(ValueError, match="positive fraction"):
         ema_momentum(0.996, 0.0, 100)
+
+
+def test_mast_augmentation_count_schedule() -> None:
+    from selfsup.train.schedules import augmentation_count_schedule
+
+    counts = augmentation_count_schedule(5, 100)
+    assert len(counts) == 100 and (counts[:50] == 1).all()  # stage 1: one augmentation at a time
+    assert (np.diff(counts) >= 0).all() and counts[50] == 1 and counts[-1] == 5  # stage 2: 1 -> K, K at the end
+    assert sorted(set(counts[50:].tolist())) == [1, 2, 3, 4, 5]
+    assert augmentation_count_schedule(15, 7, first_stage=0.0).tolist() == [1, 3, 6, 8, 10, 13, 15]
+    assert augmentation_count_schedule(1, 4).tolist() == [1, 1, 1, 1]
