@@ -167,6 +167,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # solarize (§5.1); with the view option shared_crop the crop is shared and the colour differs per branch.
     "extrema": dict(crop_scale=(0.2, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4, saturation=0.2,
                     hue=0.1, grayscale_p=0.2, blur_p=0.0, solarize_p=0.0),
+    # MAST-5 (Huang et al. 2023, §3.2): VICReg's ops with one probability each (blur: VICReg's 1.0 / 0.1 per view
+    # averaged to 0.5, as the two views share one config), solarize left out (not a MAST op).
+    "mast": dict(_BYOL, blur_p=0.5, solarize_p=0.0),
     # Evaluation: centred square crop of the whole image resized to ``size``; nothing random.
     "none": dict(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), hflip_p=0.0, **_NO_COLOUR),
 }

@@ -6,6 +6,9 @@ The contract the engine relies on (no base class; methods compose shared pieces)
 - ``__init__(backbone, cfg, total_steps)``; ``forward(views: list[Tensor]) -> StepOutput``;
 - ``backbone``: the network that is monitored and exported for evaluation (the online encoder for
   VICReg/BT/BYOL, the EMA target for MSN and ExtreMA);
+- optional ``attach_views(groups)`` + ``make_views(images, step) -> views``: the method draws its own views
+  from the [0, 1] batch (MAST, whose loss needs to know which augmentations each pair got);
+- optional ``plot(out_dir, metrics_rows)``: the method's own pictures, drawn at the end of a run;
 - optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
   differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
 - optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
@@ -23,6 +26,7 @@ from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import StepOutput
 from selfsup.methods.byol import BYOL
 from selfsup.methods.extrema import ExtreMA
+from selfsup.methods.mast import MAST
 from selfsup.methods.msn import MSN
 from selfsup.methods.vicreg import VICReg
 
@@ -32,6 +36,7 @@ METHODS: dict[str, type[nn.Module]] = {
     "byol": BYOL,
     "msn": MSN,
     "extrema": ExtreMA,
+    "mast": MAST,
 }
 
 

@@ -137,15 +137,20 @@ class GaussianHead(nn.Module):
     ``trunk``: for each width in ``trunk_dims`` a 1x1 conv (= a Linear applied at every
     position) + BatchNorm + ReLU (MAST: two layers of 8192). Mean head: ``GeM -> Linear -> mu``.
     Covariance head: ``GeM -> Linear -> ReLU -> var`` (the diagonal of Sigma, >= 0 and possibly
-    exactly 0: losses must guard divisions). The two heads have their own GeM exponent.
+    exactly 0: losses must guard divisions); ``variance="softplus"`` gives a strictly positive
+    variance instead (a deviation from the paper). The two heads have their own GeM exponent.
 
     Input: the backbone's spatial map ``(B, C, H, W)`` (e.g. ``ResNet.forward_feature_map``),
     or a pooled vector ``(B, C)``, treated as a 1x1 map (the spec's cheap small-scale variant;
     GeM is then the identity on positive inputs). Returns ``(mu, var)``, each ``(B, out_dim)``.
     """
 
-    def __init__(self, in_channels: int, out_dim: int, trunk_dims: Sequence[int] = ()) -> None:
+    def __init__(self, in_channels: int, out_dim: int, trunk_dims: Sequence[int] = (),
+                 variance: str = "relu") -> None:
         super().__init__()
+        if variance not in ("relu", "softplus"):
+            raise ValueError(f"variance must be 'relu' (the paper) or 'softplus', got {variance!r}")
+        self.variance = F.relu if variance == "relu" else F.softplus
         widths = [int(in_channels), *(int(d) for d in trunk_dims), int(out_dim)]
         if any(w < 1 for w in widths):
             raise ValueError(
@@ -171,5 +176,5 @@ class GaussianHead(nn.Module):
             )
         t = self.trunk(features)
         mu = self.fc_mu(self.gem_mu(t))
-        var = F.relu(self.fc_var(self.gem_var(t)))
+        var = self.variance(self.fc_var(self.gem_var(t)))
         return mu, var

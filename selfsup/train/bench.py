@@ -20,8 +20,7 @@ import torch
 from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
-from selfsup.data.views import make_views
-from selfsup.train.engine import StepViews, build_view_groups, build_model, normalization, validate
+from selfsup.train.engine import StepViews, build_view_groups, build_model, normalization, validate, views_maker
 from selfsup.train.optim import build_optimizer
 
 
@@ -55,8 +54,9 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
         loader = _loader_speed(data, cfg, view_groups, steps, warmup)
         # The step below runs on the crops of every view: the full-resolution decode is the loader's work.
         step_views = StepViews(data, StepSampler(len(data), t.batch_size, seed=t.seed), view_groups, t.seed, 0,
-                               steps + warmup, device, memory_format)
+                               steps + warmup, device, memory_format, method)
         view_batches = [step_views(i, 0, 1) for i in range(steps + warmup)]
+    make = views_maker(method, view_groups)
     g = torch.Generator().manual_seed(0)
     batches = [] if streamed else [data.images[torch.randint(len(data), (t.batch_size,), generator=g)]
                                    for _ in range(steps + warmup)]
@@ -71,7 +71,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
         sync()
         start = time.perf_counter()
         x = images.to(device).float().div_(255)
-        _ = make_views(x, view_groups)
+        _ = make(x, i)
         sync()
         if i >= warmup:
             aug_time += time.perf_counter() - start
@@ -85,7 +85,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
             views = view_batches[i]
         else:
             x = batches[i].to(device).float().div_(255)
-            views = [view.contiguous(memory_format=memory_format) for view in make_views(x, view_groups)]
+            views = [view.contiguous(memory_format=memory_format) for view in make(x, i)]
         with autocast:
             out = method(views)
         optimizer.zero_grad(set_to_none=True)

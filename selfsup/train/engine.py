@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,15 @@ def build_view_groups(cfg: Config, image_size: int, mean: list[float], std: list
     return groups
 
 
+def views_maker(method: nn.Module, groups: list[ViewGroup]) -> Callable[[torch.Tensor, int], list[torch.Tensor]]:
+    """``(images in [0, 1], step) -> views``: the config's view groups, or the method's own ``make_views``
+    (MAST draws its pairs itself: its loss needs to know which augmentations each pair got)."""
+    if hasattr(method, "make_views"):
+        method.attach_views(groups)
+        return method.make_views
+    return lambda images, step: make_views(images, groups)
+
+
 class StepViews:
     """The views of every step of ``[start, stop)``, in order, seeded by the step (so a resumed run gets the same).
 
@@ -99,10 +109,15 @@ class StepViews:
     """
 
     def __init__(self, data: ImageData | StreamedSplit, sampler: StepSampler, groups: list[ViewGroup], seed: int,
-                 start: int, stop: int, device: torch.device, memory_format: torch.memory_format) -> None:
+                 start: int, stop: int, device: torch.device, memory_format: torch.memory_format,
+                 method: nn.Module | None = None) -> None:
         self.data, self.sampler, self.groups, self.seed = data, sampler, groups, seed
         self.device, self.memory_format = device, memory_format
         self.streamed = isinstance(data, StreamedSplit)
+        self.make = views_maker(method, groups)
+        if self.streamed and hasattr(method, "make_views"):
+            raise ConfigError(f"{type(method).__name__} draws its views from whole images on the device and cannot "
+                              "use the streaming loader's crops yet; set data.stream=false")
         self.unreadable = 0
         if self.streamed:
             self.batches = iter(crop_batches(data.source, sampler, [g.crop_spec for g in groups], data.channels, seed,
@@ -123,7 +138,7 @@ class StepViews:
         else:
             images = self._on_device(self.data.images[self.sampler.indices(step)])
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
-            views = make_views(images, self.groups)
+            views = self.make(images, step)
         return [view.contiguous(memory_format=self.memory_format) for view in views]
 
 
@@ -587,7 +602,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         torch.distributed.all_reduce(total)
         return int(total.item())
 
-    step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format)
+    step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format,
+                           raw_method)
     progress = Progress(t.progress and is_main, total_steps, start_step)
     step, window_seconds, window_images = start_step, 0.0, 0
     raw_method.train()
@@ -662,6 +678,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         export(run_dir, step)
         plot_metrics(metrics.rows, run_dir / "plots")
         spectra.plot(run_dir / "plots" / "eigenspectrum.png")
+        if hasattr(raw_method, "plot"):
+            raw_method.plot(run_dir / "plots", metrics.rows)
         log.info("done: %d steps; backbone exported to %s", step, run_dir / "backbone.safetensors")
     fabric.barrier()  # every process leaves together: none tears down gloo while another still exports
     return run_dir

@@ -1,0 +1,161 @@
+"""MAST: masked augmentation subspace training (Huang, Goh, Gu & Susskind, ICLR 2023, arXiv 2303.03679).
+
+VICReg with one learned non-negative mask per augmentation over a Gaussian embedding (§3.1):
+
+    active = the augmentations drawn for each pair (the same for both views; schedule of §3.2:
+             one at a time for the first half of training, then 1 -> K composed)
+    v, v'  = augment(x, active), augment(x, active)      # each op with its probability, own magnitudes
+    (mu, var), (mu', var') = g(f(v)), g(f(v'))            # GeM heads: mean, and diagonal variance (ReLU)
+    loss = lambda D_mg(mu, var, mu', var'; M, active) + lambda1 ||M||_1 + lambda2 symKL + alpha l_var + beta l_cov
+
+M = ReLU(U) (App. A). Only the encoder f is exported: masks, heads and trunk are discarded.
+
+The method draws its own pairs (``make_views``): Eq. 4 needs to know which augmentations each pair
+got. The config's single view spec (``num: 2``) gives the ops' probabilities and magnitude ranges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from selfsup.config import ConfigError
+from selfsup.data.augment import MAST_OPS, LabelledAugment, sample_op_subsets
+from selfsup.data.views import ViewGroup
+from selfsup.losses.mast import init_masks, mast_loss
+from selfsup.methods.base import StepOutput, check_num_views, check_values
+from selfsup.models.heads import GaussianHead
+from selfsup.train.schedules import augmentation_count_schedule
+
+
+@dataclass
+class MASTConfig:
+    ops: list[str] = field(default_factory=lambda: list(MAST_OPS))  # MAST-5; one mask per op, in this order
+    embedding_dim: int = 4096  # d
+    trunk: list[int] = field(default_factory=lambda: [8192, 8192])  # shared trunk (two FC layers of 8192)
+    # gem: the trunk runs position-wise on the encoder's feature map and each head GeM-pools it (App. A);
+    # avg: the trunk runs on the average-pooled feature (the spec's cheap small-scale variant).
+    pooling: Literal["gem", "avg"] = "gem"
+    # The covariance head's activation: relu (App. A) can output exact zeros, which Eq. 6 divides by (guarded by
+    # 1e-6); softplus keeps every variance positive (a deviation, spec §6.3).
+    variance: Literal["relu", "softplus"] = "relu"
+    first_stage: float = 0.5  # fraction of the run with one augmentation at a time (§3.2: 500 of 1000 epochs)
+    invariance_weight: float = 25.0  # lambda = 25 d / K_active
+    sparsity_weight: float = 600.0  # lambda1 = 600 / (d K)
+    kl_weight: float = 25.0  # lambda2
+    var_weight: float = 25.0  # alpha
+    cov_weight: float = 1.0  # beta
+    crop_p: float = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
+
+
+class MAST(nn.Module):
+    Config = MASTConfig
+
+    def __init__(self, backbone: nn.Module, cfg: MASTConfig, total_steps: int) -> None:
+        super().__init__()
+        unknown = [op for op in cfg.ops if op not in MAST_OPS]
+        check_values(cfg, {
+            "ops": bool(cfg.ops) and not unknown and len(set(cfg.ops)) == len(cfg.ops),
+            "embedding_dim": cfg.embedding_dim >= 1,
+            "first_stage": 0.0 <= cfg.first_stage <= 1.0,
+            "crop_p": 0.0 <= cfg.crop_p <= 1.0,
+        }, {
+            "ops": f"a list of distinct augmentations out of {list(MAST_OPS)}",
+            "embedding_dim": "a positive width d",
+            "first_stage": "a fraction of the run in [0, 1] (the paper: 0.5)",
+            "crop_p": "a probability",
+        })
+        self.cfg = cfg
+        self.backbone = backbone
+        self.projector = GaussianHead(backbone.num_features, cfg.embedding_dim, cfg.trunk, cfg.variance)
+        self.mask_params = nn.Parameter(init_masks(cfg.embedding_dim, len(cfg.ops)))  # U; M = ReLU(U)
+        self.mask_params._no_weight_decay = True  # type: ignore[attr-defined]  # the L1 term is their penalty
+        self.op_columns = [MAST_OPS.index(op) for op in cfg.ops]
+        self.register_buffer("op_counts", torch.from_numpy(augmentation_count_schedule(
+            len(cfg.ops), max(total_steps, 1), cfg.first_stage)), persistent=False)
+        self.augment: LabelledAugment | None = None
+        self.active: torch.Tensor | None = None  # (B, K) of the pairs made by the last make_views
+
+    @property
+    def masks(self) -> torch.Tensor:
+        return torch.relu(self.mask_params)
+
+    def attach_views(self, groups: list[ViewGroup]) -> None:
+        """Take the augmentation config of the run's one view spec (``num: 2``) for the labelled pairs."""
+        if len(groups) != 1 or groups[0].num != 2 or groups[0].crop is not None:
+            raise ConfigError("MAST makes its own pair of views: give one view spec with num: 2 and no "
+                              "shared_crop, e.g. views: [{preset: mast, num: 2}]")
+        self.augment = LabelledAugment(groups[0].augment.config, crop_p=self.cfg.crop_p).to(self.mask_params.device)
+
+    def make_views(self, images: torch.Tensor, step: int) -> list[torch.Tensor]:
+        """Two views of ``images`` ([0, 1]) made with the same drawn augmentations; remembers which (for Eq. 4)."""
+        if self.augment is None:
+            raise RuntimeError("MAST.attach_views(view_groups) must be called before make_views")
+        count = int(self.op_counts[min(step, len(self.op_counts) - 1)])
+        active = sample_op_subsets(len(images), len(self.cfg.ops), count)
+        enabled = torch.zeros(len(images), len(MAST_OPS), dtype=torch.bool)
+        enabled[:, self.op_columns] = active
+        self.active = active.to(images.device)
+        return [self.augment(images, enabled)[0] for _ in range(2)]
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        check_num_views("MAST", views, 2)
+        if self.active is None or len(self.active) != len(views[0]):
+            raise RuntimeError("MAST.forward needs the pairs of make_views (the engine calls it every step)")
+        encode = self.backbone.forward_feature_map if self.cfg.pooling == "gem" else self.backbone
+        (mu_a, var_a), (mu_b, var_b) = (self.projector(encode(view)) for view in views)
+        masks = self.masks
+        loss, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, self.active, self.cfg.invariance_weight,
+                                self.cfg.sparsity_weight, self.cfg.kl_weight, self.cfg.var_weight, self.cfg.cov_weight)
+        return StepOutput(loss, {**terms, **self.diagnostics(var_a, var_b)}, mu_a.detach())
+
+    @torch.no_grad()
+    def diagnostics(self, var_a: torch.Tensor, var_b: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The degenerate directions of Eq. 7 (spec §6.4), watched: mask size and dead entries, mean tr(Sigma),
+        and per augmentation the mean tr(Sigma) of the views whose pair drew it (the paper's Fig. 5)."""
+        trace = 0.5 * (var_a.sum(1) + var_b.sum(1))
+        out = {"mask_mean": self.masks.mean(), "mask_dead": (self.mask_params <= 0).float().mean(),
+               "sigma_trace": trace.mean()}
+        active = self.active.to(trace.dtype)
+        for k, op in enumerate(self.cfg.ops):
+            drawn = active[:, k].sum()
+            if drawn > 0:
+                out[f"uncertainty_{op}"] = (trace * active[:, k]).sum() / drawn
+        return out
+
+    def plot(self, out_dir: Path, rows: list[dict[str, Any]]) -> None:
+        """The learned K x d mask heat-map (the paper's Fig. 3a) and each augmentation's uncertainty over training."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        masks = self.masks.detach().cpu().t()
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(self.cfg.ops) + 1.2))
+        image = ax.imshow(masks, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_yticks(range(len(self.cfg.ops)), self.cfg.ops)
+        ax.set_xlabel("embedding dimension")
+        fig.colorbar(image, ax=ax, label="mask value")
+        fig.tight_layout()
+        fig.savefig(out_dir / "mast_masks.png", dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for op in self.cfg.ops:
+            points = [(int(r["step"]), float(r[f"uncertainty_{op}"])) for r in rows
+                      if r.get(f"uncertainty_{op}") not in (None, "") and math.isfinite(float(r[f"uncertainty_{op}"]))]
+            if points:
+                ax.plot(*zip(*points), label=op)
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean tr(Sigma) of pairs that drew the op")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out_dir / "mast_uncertainty.png", dpi=110)
+        plt.close(fig)
