@@ -37,6 +37,7 @@ __all__ = [
     "Augment",
     "LabelledAugment",
     "MAST_OPS",
+    "MAST15_OPS",
     "sample_op_subsets",
     "augment_throughput",
     "sample_crop_boxes",
@@ -374,8 +375,12 @@ class _Pipeline(nn.Module):
         return repr(self.config)
 
     def _run(self, x: Tensor, crop_on: Tensor, flip_on: Tensor, jitter_on: Tensor, gray_on: Tensor,
-             blur_on: Tensor, solarize_on: Tensor) -> tuple[Tensor, Tensor]:
-        """Apply the ops switched on per sample; returns (images, crop_changed (B,) bool)."""
+             blur_on: Tensor, solarize_on: Tensor, after_geometry=None, before_normalise=None) -> tuple[Tensor, Tensor]:
+        """Apply the ops switched on per sample; returns (images, crop_changed (B,) bool).
+
+        ``after_geometry`` / ``before_normalise``: optional ``x -> x`` steps run after crop + flip and before the
+        normalisation (MAST-15's RandAugment-style ops and its tensor ops).
+        """
         cfg = self.config
         batch, channels, height, width = x.shape
         # 1-2. crop + flip (one resampling pass; skipped when every box is the whole image at output size)
@@ -391,6 +396,8 @@ class _Pipeline(nn.Module):
                 x = torch.where(_flag(flip_on, x), x.flip(-1), x)
         else:
             x = _resample(x, boxes, flip_on, cfg.size)
+        if after_geometry is not None:
+            x = after_geometry(x)
         # 3. colour jitter: torchvision's four ops, in one random order per call (as kornia), per-sample factors
         if jitter_on.any():
             x = torch.where(_flag(jitter_on, x), self._jitter(x, jitter_on), x)
@@ -405,6 +412,8 @@ class _Pipeline(nn.Module):
         # 6. solarize: invert pixels >= 0.5 (BYOL)
         if solarize_on.any():
             x = torch.where(_flag(solarize_on, x), torch.minimum(x, 1.0 - x), x)  # = 1 - x where x >= 0.5
+        if before_normalise is not None:
+            x = before_normalise(x)
         # 7. normalise
         if self.mean is not None:
             x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
@@ -459,38 +468,109 @@ class Augment(_Pipeline):
 
 
 MAST_OPS: tuple[str, ...] = ("color_jitter", "blur", "flip", "grayscale", "crop")
+# MAST-15 (§3.2): MAST-5 plus RandAugment's shear x/y, translate x/y, rotate and invert, and sharpness, Gaussian
+# noise, Sobel filter and cutout.
+MAST15_OPS: tuple[str, ...] = MAST_OPS + ("shear_x", "shear_y", "translate_x", "translate_y", "rotate", "invert",
+                                          "sharpness", "noise", "sobel", "cutout")
+# Largest magnitude of each extra op; each draw is uniform in [0, max] (the spec's default for the paper's "random
+# magnitude"), with a random sign where the op has one. RandAugment's ranges (Cubuk et al. 2020): shear 0.3,
+# translate 0.45 of the side, rotate 30 degrees, sharpness factor 1 +- 0.9; noise std 0.1 of the [0, 1] range;
+# cutout side 0.5 of the image (DeVries & Taylor 2017: 16 of 32 px).
+MAST15_MAGNITUDES: dict[str, float] = {"shear": 0.3, "translate": 0.45, "rotate": 30.0, "sharpness": 0.9,
+                                       "noise": 0.1, "cutout": 0.5}
+
+
+def _signed(maximum: float, batch: int) -> Tensor:
+    """(B,) magnitudes uniform in [0, maximum] with a random sign."""
+    sign = torch.where(torch.rand(batch) < 0.5, -1.0, 1.0).double()
+    return _uniform(0.0, maximum, (batch,)) * sign
+
+
+def _affine(x: Tensor, on: Tensor, shear_x: Tensor, shear_y: Tensor, tx: Tensor, ty: Tensor, degrees: Tensor) -> Tensor:
+    """Shear, translate (fractions of the side) and rotate the images where ``on``; the uncovered area is black."""
+    idx = on.nonzero().squeeze(1)
+    if len(idx) == 0:
+        return x
+    theta = degrees[idx] * math.pi / 180
+    cos, sin = theta.cos(), theta.sin()
+    rotation = torch.stack([torch.stack([cos, -sin], 1), torch.stack([sin, cos], 1)], 1)
+    shear = torch.stack([torch.stack([torch.ones_like(cos), shear_x[idx]], 1),
+                         torch.stack([shear_y[idx], torch.ones_like(cos)], 1)], 1)
+    matrix = torch.cat([rotation @ shear, 2 * torch.stack([tx[idx], ty[idx]], 1)[:, :, None]], dim=2)
+    part = x.index_select(0, idx.to(x.device))
+    grid = F.affine_grid(matrix.to(device=x.device, dtype=x.dtype), list(part.shape), align_corners=False)
+    return x.index_copy(0, idx.to(x.device), F.grid_sample(part, grid, mode="bilinear", padding_mode="zeros",
+                                                           align_corners=False))
+
+
+def _sharpness(x: Tensor, factor: Tensor) -> Tensor:
+    """PIL's ImageEnhance.Sharpness: blend with the 3x3 smoothed image (border pixels kept), ``factor`` 1 = identity."""
+    kernel = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], device=x.device, dtype=x.dtype) / 13
+    channels = x.shape[1]
+    smooth = F.conv2d(x, kernel.expand(channels, 1, 3, 3), groups=channels)
+    degenerate = x.clone()
+    degenerate[:, :, 1:-1, 1:-1] = smooth
+    return (degenerate + _view(factor, x) * (x - degenerate)).clamp_(0.0, 1.0)
+
+
+def _sobel(x: Tensor) -> Tensor:
+    """Gradient magnitude of the luma (3x3 Sobel, replicate padding), scaled to [0, 1] per image, in every channel."""
+    gray = _gray(x) if x.shape[1] == 3 else x
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], device=x.device, dtype=x.dtype)
+    padded = F.pad(gray, (1, 1, 1, 1), mode="replicate")
+    gx = F.conv2d(padded, kx.view(1, 1, 3, 3))
+    gy = F.conv2d(padded, kx.t().reshape(1, 1, 3, 3))
+    magnitude = (gx.square() + gy.square()).sqrt()
+    magnitude = magnitude / magnitude.flatten(1).amax(dim=1).clamp_min(1e-6).view(-1, 1, 1, 1)
+    return magnitude.expand_as(x)
+
+
+def _cutout(x: Tensor, side: Tensor, cy: Tensor, cx: Tensor) -> Tensor:
+    """A square of ``side`` (fraction of the image) centred at (cy, cx) (fractions) filled with mid-gray, clipped."""
+    _, _, height, width = x.shape
+    rows = torch.arange(height, device=x.device, dtype=x.dtype).view(1, -1, 1) + 0.5
+    cols = torch.arange(width, device=x.device, dtype=x.dtype).view(1, 1, -1) + 0.5
+    half = (side * min(height, width) / 2).to(device=x.device, dtype=x.dtype).view(-1, 1, 1)
+    inside = (((rows - cy.to(x.device, x.dtype).view(-1, 1, 1) * height).abs() < half)
+              & ((cols - cx.to(x.device, x.dtype).view(-1, 1, 1) * width).abs() < half))
+    return torch.where(inside.unsqueeze(1), torch.full_like(x, 0.5), x)
 
 
 class LabelledAugment(_Pipeline):
-    """MAST-5 per-op labelled augmentation (Huang et al. 2023, §3.2, ops in ``MAST_OPS`` order).
+    """MAST's per-op labelled augmentation (Huang et al. 2023, §3.2): MAST-5 (``MAST_OPS``), or MAST-15
+    (``MAST15_OPS``) with ``extra_p``.
 
     Each op k fires independently with its own probability (colour jitter ``jitter_p``, blur
-    ``blur_p``, flip ``hflip_p``, grayscale ``grayscale_p``, crop ``crop_p``) and its own random
-    magnitude; ops are applied in SimCLR order (crop, flip, jitter, grayscale, blur). Images whose
-    crop does not fire get the centred square crop resized to ``size`` ("resize + centre crop").
+    ``blur_p``, flip ``hflip_p``, grayscale ``grayscale_p``, crop ``crop_p``, each MAST-15 extra op
+    ``extra_p``) and its own random magnitude; ops are applied in SimCLR order (crop, flip, jitter,
+    grayscale, blur), the extra ops RandAugment-style: the affine ones (shear, translate, rotate: one
+    resampling, black fill) and invert and sharpness after the crop, noise, Sobel and cutout last.
+    Images whose crop does not fire get the centred square crop resized to ``size``.
 
-    ``forward(x, enabled=None)`` returns ``(images, applied)``, applied a (B, 5) bool tensor that
-    is True where op k changed image b: crop only when its box differs from the whole image, and
-    grayscale / colour jitter never on 1-channel images where they cannot act. ``enabled`` (B, 5)
-    bool restricts which ops may fire per image (MAST's sampled op subset, see
+    ``forward(x, enabled=None)`` returns ``(images, applied)``, applied a (B, K) bool tensor in
+    ``self.ops`` order that is True where op k changed image b: crop only when its box differs from
+    the whole image, and grayscale / colour jitter never on 1-channel images where they cannot act.
+    ``enabled`` (B, K) bool restricts which ops may fire per image (MAST's sampled op subset, see
     ``sample_op_subsets``; share it between the two views).
     """
 
-    def __init__(self, config: AugmentConfig, crop_p: float = 1.0) -> None:
+    def __init__(self, config: AugmentConfig, crop_p: float = 1.0, extra_p: float | None = None) -> None:
         if config.solarize_p > 0:
-            raise ValueError("solarize is not one of the MAST-5 ops; set solarize_p=0 for LabelledAugment")
+            raise ValueError("solarize is not one of the MAST ops; set solarize_p=0 for LabelledAugment")
         super().__init__(config)
         self.crop_p = _probability("crop_p", crop_p)
+        self.extra_p = None if extra_p is None else _probability("extra_p", extra_p)
+        self.ops = MAST_OPS if extra_p is None else MAST15_OPS
 
     def forward(self, x: Tensor, enabled: Tensor | None = None) -> tuple[Tensor, Tensor]:
         cfg = self.config
         _check_batch(x, cfg)
         batch = x.shape[0]
         if enabled is None:
-            enabled = torch.ones(batch, len(MAST_OPS), dtype=torch.bool)
-        elif enabled.shape != (batch, len(MAST_OPS)) or enabled.dtype != torch.bool:
+            enabled = torch.ones(batch, len(self.ops), dtype=torch.bool)
+        elif enabled.shape != (batch, len(self.ops)) or enabled.dtype != torch.bool:
             raise ValueError(
-                f"enabled must be a bool tensor of shape ({batch}, {len(MAST_OPS)}) (ops {MAST_OPS}), "
+                f"enabled must be a bool tensor of shape ({batch}, {len(self.ops)}) (ops {self.ops}), "
                 f"got {tuple(enabled.shape)} {enabled.dtype}"
             )
         enabled = enabled.cpu()
@@ -503,8 +583,34 @@ class LabelledAugment(_Pipeline):
         gray_on = enabled[:, 3] & _bernoulli(cfg.grayscale_p, batch) & (not gray_input)
         crop_on = enabled[:, 4] & _bernoulli(self.crop_p, batch)
         no_solarize = torch.zeros(batch, dtype=torch.bool)
-        out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize)
-        applied = torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1)
+        if self.extra_p is None:
+            out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize)
+            applied = torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1)
+            return out, applied.to(x.device)
+        extra = enabled[:, 5:] & (torch.rand(batch, 10) < self.extra_p)
+        mag = MAST15_MAGNITUDES
+        shear_x, shear_y = _signed(mag["shear"], batch) * extra[:, 0], _signed(mag["shear"], batch) * extra[:, 1]
+        tx, ty = _signed(mag["translate"], batch) * extra[:, 2], _signed(mag["translate"], batch) * extra[:, 3]
+        degrees = _signed(mag["rotate"], batch) * extra[:, 4]
+        sharpness = 1.0 + _signed(mag["sharpness"], batch) * extra[:, 6]
+        noise_std = _uniform(0.0, mag["noise"], (batch,)) * extra[:, 7]
+        cut_side, cut_y, cut_x = _uniform(0.0, mag["cutout"], (batch,)), torch.rand(batch), torch.rand(batch)
+        noise = torch.randn(batch, x.shape[1], cfg.size, cfg.size).to(device=x.device, dtype=x.dtype)
+
+        def after_geometry(img: Tensor) -> Tensor:
+            img = _affine(img, extra[:, :5].any(dim=1), shear_x, shear_y, tx, ty, degrees)
+            img = torch.where(_flag(extra[:, 5], img), 1.0 - img, img)
+            return torch.where(_flag(extra[:, 6], img), _sharpness(img, sharpness), img)
+
+        def before_normalise(img: Tensor) -> Tensor:
+            img = (img + noise * _view(noise_std, img)).clamp_(0.0, 1.0)
+            if extra[:, 8].any():
+                img = torch.where(_flag(extra[:, 8], img), _sobel(img), img)
+            return torch.where(_flag(extra[:, 9], img), _cutout(img, cut_side, cut_y, cut_x), img)
+
+        out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize,
+                                      after_geometry, before_normalise)
+        applied = torch.cat([torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1), extra], dim=1)
         return out, applied.to(x.device)
 
 

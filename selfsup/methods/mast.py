@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from selfsup.config import ConfigError
-from selfsup.data.augment import MAST_OPS, LabelledAugment, sample_op_subsets
+from selfsup.data.augment import MAST15_OPS, MAST_OPS, LabelledAugment, sample_op_subsets
 from selfsup.data.views import ViewGroup
 from selfsup.losses.mast import init_masks, mast_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
@@ -35,7 +35,8 @@ from selfsup.train.schedules import augmentation_count_schedule
 
 @dataclass
 class MASTConfig:
-    ops: list[str] = field(default_factory=lambda: list(MAST_OPS))  # MAST-5; one mask per op, in this order
+    # One mask per op, in this order: MAST-5 (the default) or any of MAST15_OPS (MAST-15: all of them).
+    ops: list[str] = field(default_factory=lambda: list(MAST_OPS))
     embedding_dim: int = 4096  # d
     trunk: list[int] = field(default_factory=lambda: [8192, 8192])  # shared trunk (two FC layers of 8192)
     # gem: the trunk runs position-wise on the encoder's feature map and each head GeM-pools it (App. A);
@@ -51,6 +52,7 @@ class MASTConfig:
     var_weight: float = 25.0  # alpha
     cov_weight: float = 1.0  # beta
     crop_p: float = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
+    extra_p: float = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
 
 
 class MAST(nn.Module):
@@ -58,24 +60,27 @@ class MAST(nn.Module):
 
     def __init__(self, backbone: nn.Module, cfg: MASTConfig, total_steps: int) -> None:
         super().__init__()
-        unknown = [op for op in cfg.ops if op not in MAST_OPS]
+        unknown = [op for op in cfg.ops if op not in MAST15_OPS]
         check_values(cfg, {
             "ops": bool(cfg.ops) and not unknown and len(set(cfg.ops)) == len(cfg.ops),
             "embedding_dim": cfg.embedding_dim >= 1,
             "first_stage": 0.0 <= cfg.first_stage <= 1.0,
             "crop_p": 0.0 <= cfg.crop_p <= 1.0,
+            "extra_p": 0.0 <= cfg.extra_p <= 1.0,
         }, {
-            "ops": f"a list of distinct augmentations out of {list(MAST_OPS)}",
+            "ops": f"a list of distinct augmentations out of {list(MAST15_OPS)}",
             "embedding_dim": "a positive width d",
             "first_stage": "a fraction of the run in [0, 1] (the paper: 0.5)",
             "crop_p": "a probability",
+            "extra_p": "a probability",
         })
         self.cfg = cfg
         self.backbone = backbone
         self.projector = GaussianHead(backbone.num_features, cfg.embedding_dim, cfg.trunk, cfg.variance)
         self.mask_params = nn.Parameter(init_masks(cfg.embedding_dim, len(cfg.ops)))  # U; M = ReLU(U)
         self.mask_params._no_weight_decay = True  # type: ignore[attr-defined]  # the L1 term is their penalty
-        self.op_columns = [MAST_OPS.index(op) for op in cfg.ops]
+        self.extended = any(op not in MAST_OPS for op in cfg.ops)  # MAST-15 ops in use
+        self.op_columns = [(MAST15_OPS if self.extended else MAST_OPS).index(op) for op in cfg.ops]
         self.register_buffer("op_counts", torch.from_numpy(augmentation_count_schedule(
             len(cfg.ops), max(total_steps, 1), cfg.first_stage)), persistent=False)
         self.augment: LabelledAugment | None = None
@@ -90,7 +95,8 @@ class MAST(nn.Module):
         if len(groups) != 1 or groups[0].num != 2 or groups[0].crop is not None:
             raise ConfigError("MAST makes its own pair of views: give one view spec with num: 2 and no "
                               "shared_crop, e.g. views: [{preset: mast, num: 2}]")
-        self.augment = LabelledAugment(groups[0].augment.config, crop_p=self.cfg.crop_p).to(self.mask_params.device)
+        self.augment = LabelledAugment(groups[0].augment.config, crop_p=self.cfg.crop_p,
+                                       extra_p=self.cfg.extra_p if self.extended else None).to(self.mask_params.device)
 
     def make_views(self, images: torch.Tensor, step: int) -> list[torch.Tensor]:
         """Two views of ``images`` ([0, 1]) made with the same drawn augmentations; remembers which (for Eq. 4)."""
@@ -98,7 +104,7 @@ class MAST(nn.Module):
             raise RuntimeError("MAST.attach_views(view_groups) must be called before make_views")
         count = int(self.op_counts[min(step, len(self.op_counts) - 1)])
         active = sample_op_subsets(len(images), len(self.cfg.ops), count)
-        enabled = torch.zeros(len(images), len(MAST_OPS), dtype=torch.bool)
+        enabled = torch.zeros(len(images), len(self.augment.ops), dtype=torch.bool)
         enabled[:, self.op_columns] = active
         self.active = active.to(images.device)
         return [self.augment(images, enabled)[0] for _ in range(2)]

@@ -34,7 +34,7 @@ from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS, DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split, pixels_and_labels
-from selfsup.data.views import ViewGroup, make_views
+from selfsup.data.views import CropSpec, ViewGroup, make_views
 from selfsup.methods import build_method, method_config
 from selfsup.models import BACKBONES, build_backbone
 from selfsup.train.monitors import KNNMonitor, SpectrumLog, collapse_stats
@@ -105,7 +105,9 @@ class StepViews:
 
     In memory: the step's images are indexed out of the uint8 tensor and every op runs on the device.
     Streaming: loader workers decode the images and take the crops at full resolution; the photometric ops
-    run on the device. ``unreadable`` counts the streamed images replaced because their file was unreadable.
+    run on the device. A method that draws its own views (MAST) gets, when streaming, each image's centre
+    square at ``data.image_size`` from the loader and crops it on the device. ``unreadable`` counts the
+    streamed images replaced because their file was unreadable.
     """
 
     def __init__(self, data: ImageData | StreamedSplit, sampler: StepSampler, groups: list[ViewGroup], seed: int,
@@ -114,14 +116,14 @@ class StepViews:
         self.data, self.sampler, self.groups, self.seed = data, sampler, groups, seed
         self.device, self.memory_format = device, memory_format
         self.streamed = isinstance(data, StreamedSplit)
+        self.own_views = hasattr(method, "make_views")
         self.make = views_maker(method, groups)
-        if self.streamed and hasattr(method, "make_views"):
-            raise ConfigError(f"{type(method).__name__} draws its views from whole images on the device and cannot "
-                              "use the streaming loader's crops yet; set data.stream=false")
         self.unreadable = 0
         if self.streamed:
-            self.batches = iter(crop_batches(data.source, sampler, [g.crop_spec for g in groups], data.channels, seed,
-                                             start, stop, data.workers, pin_memory=device.type == "cuda"))
+            specs = ([CropSpec(data.image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)] if self.own_views
+                     else [g.crop_spec for g in groups])
+            self.batches = iter(crop_batches(data.source, sampler, specs, data.channels, seed, start, stop,
+                                             data.workers, pin_memory=device.type == "cuda"))
 
     def _on_device(self, images: torch.Tensor) -> torch.Tensor:
         return images.to(self.device, non_blocking=True).float().div_(255)
@@ -134,7 +136,10 @@ class StepViews:
             self.unreadable += len(batch.unreadable)
             crops = iter([self._on_device(c) for c in batch.crops])
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
-            views = [v for g in self.groups for v in g.from_crops([next(crops) for _ in range(g.crop_spec.count)])]
+            if self.own_views:
+                views = self.make(next(crops), step)
+            else:
+                views = [v for g in self.groups for v in g.from_crops([next(crops) for _ in range(g.crop_spec.count)])]
         else:
             images = self._on_device(self.data.images[self.sampler.indices(step)])
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)

@@ -13,6 +13,7 @@ from selfsup.data.augment import (
     Augment,
     AugmentConfig,
     LabelledAugment,
+    MAST15_OPS,
     augment_config,
     augment_throughput,
     sample_op_subsets,
@@ -445,3 +446,48 @@ def test_sample_op_subsets_exact_count_per_row() -> None:
     assert ((freq - 0.4).abs() < 0.06).all()
     with pytest.raises(ValueError, match="count"):
         sample_op_subsets(4, 5, 0)
+
+
+# ---------------------------------------------------------------- MAST-15's extra ops
+
+
+def _one_op(op: str, batch: int = 16) -> torch.Tensor:
+    """Only ``op`` enabled, on the even images."""
+    enabled = torch.zeros(batch, len(MAST15_OPS), dtype=torch.bool)
+    enabled[::2, MAST15_OPS.index(op)] = True
+    return enabled
+
+
+@pytest.mark.parametrize("op", MAST15_OPS[5:])
+def test_mast15_each_extra_op_changes_exactly_the_images_it_flags(op: str) -> None:
+    torch.manual_seed(0)
+    x = _images(3, 16, batch=16)
+    out, applied = LabelledAugment(_identity(16), crop_p=0.0, extra_p=1.0)(x, _one_op(op))
+    assert applied.shape == (16, 15) and torch.equal(applied, _one_op(op))
+    changed = (out - x).flatten(1).abs().amax(dim=1) > 1e-4
+    assert torch.equal(changed, applied[:, MAST15_OPS.index(op)])
+
+
+def test_mast15_invert_sobel_and_cutout_by_hand() -> None:
+    torch.manual_seed(0)
+    x = _images(1, 12, batch=4)
+    out, _ = LabelledAugment(_identity(12), crop_p=0.0, extra_p=1.0)(x, _one_op("invert", 4))
+    torch.testing.assert_close(out[::2], 1 - x[::2])
+    flat = torch.full((4, 1, 12, 12), 0.3)
+    out, _ = LabelledAugment(_identity(12), crop_p=0.0, extra_p=1.0)(flat, _one_op("sobel", 4))
+    assert out[::2].abs().max() == 0 and torch.equal(out[1::2], flat[1::2])  # no edges in a flat image
+    edge = torch.zeros(4, 1, 12, 12)
+    edge[..., 6:] = 1.0
+    out, _ = LabelledAugment(_identity(12), crop_p=0.0, extra_p=1.0)(edge, _one_op("sobel", 4))
+    assert out[0, 0, :, 5:7].min() == 1.0 and out[0, 0, :, :4].max() == 0.0  # the edge, scaled to 1
+    torch.manual_seed(2)
+    out, _ = LabelledAugment(_identity(12), crop_p=0.0, extra_p=1.0)(torch.zeros(4, 1, 12, 12), _one_op("cutout", 4))
+    square = out[0, 0] == 0.5
+    rows, cols = square.any(1).nonzero().squeeze(1), square.any(0).nonzero().squeeze(1)
+    assert square.sum() == len(rows) * len(cols) > 0  # one axis-aligned patch of mid-gray
+    assert (out[1::2] == 0).all()
+
+
+def test_mast15_rejects_a_mast5_mask_shape() -> None:
+    with pytest.raises(ValueError, match=r"shape \(3, 15\)"):
+        LabelledAugment(_identity(16), extra_p=0.5)(_images(3, 16, batch=3), torch.ones(3, 5, dtype=torch.bool))
