@@ -58,11 +58,18 @@ def symmetric_kl(mu_a: Tensor, var_a: Tensor, mu_b: Tensor, var_b: Tensor) -> Te
 
 def mast_loss(mu_a: Tensor, var_a: Tensor, mu_b: Tensor, var_b: Tensor, masks: Tensor, active: Tensor,
               invariance_weight: float = 25.0, sparsity_weight: float = 600.0, kl_weight: float = 25.0,
-              var_weight: float = 25.0, cov_weight: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+              var_weight: float = 25.0, cov_weight: float = 1.0,
+              scale_free: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
     """The MAST loss (Eq. 7) of two views' Gaussians; returns the loss and its unweighted terms.
 
     ``invariance_weight`` and ``sparsity_weight`` are the numerators of lambda = w d / K_active and
     lambda1 = w / (d K); K_active is the mean number of active subspaces per pair over the global batch.
+
+    ``scale_free`` (off by default: the paper's loss is exact without it) guards Eq. 7's two degenerate
+    directions (spec §6.4): D_mg falls when every mask shrinks (it is 1-homogeneous in M) and when every
+    variance grows (-1-homogeneous in Sigma). With it, D_mg reads each mask divided by its mean and the
+    variances divided by their batch mean, so only their shapes matter (which dimensions each augmentation
+    uses, which samples are more uncertain than others); the L1 term still acts on the raw masks.
     """
     mu_a, var_a, mu_b, var_b = (gather_with_grad(t) for t in (mu_a, var_a, mu_b, var_b))
     active = gather_no_grad(active.to(mu_a.dtype))
@@ -70,7 +77,12 @@ def mast_loss(mu_a: Tensor, var_a: Tensor, mu_b: Tensor, var_b: Tensor, masks: T
         raise ValueError("MAST needs at least 2 samples in the (global) batch to compute variances")
     d, k = masks.shape
     k_active = active.sum(dim=1).mean().clamp_min(1.0)
-    distance = masked_gaussian_distance(mu_a, var_a, mu_b, var_b, masks, active)
+    if scale_free:
+        scale = 0.5 * (var_a.mean() + var_b.mean()).clamp_min(EPS)
+        distance = masked_gaussian_distance(mu_a, var_a / scale, mu_b, var_b / scale,
+                                            masks / masks.mean(dim=0, keepdim=True).clamp_min(EPS), active)
+    else:
+        distance = masked_gaussian_distance(mu_a, var_a, mu_b, var_b, masks, active)
     sparsity = masks.sum()
     kl = symmetric_kl(mu_a, var_a, mu_b, var_b)
     variance = variance_term(mu_a) + variance_term(mu_b)

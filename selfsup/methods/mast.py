@@ -51,6 +51,9 @@ class MASTConfig:
     kl_weight: float = 25.0  # lambda2
     var_weight: float = 25.0  # alpha
     cov_weight: float = 1.0  # beta
+    # Off: Eq. 7 as printed. On: D_mg ignores the overall scale of the masks and of the variances (the loss can
+    # otherwise fall by shrinking every mask or inflating every variance; losses/mast.py, spec §6.4).
+    scale_free: bool = False
     crop_p: float = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
     extra_p: float = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
 
@@ -117,7 +120,8 @@ class MAST(nn.Module):
         (mu_a, var_a), (mu_b, var_b) = (self.projector(encode(view)) for view in views)
         masks = self.masks
         loss, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, self.active, self.cfg.invariance_weight,
-                                self.cfg.sparsity_weight, self.cfg.kl_weight, self.cfg.var_weight, self.cfg.cov_weight)
+                                self.cfg.sparsity_weight, self.cfg.kl_weight, self.cfg.var_weight, self.cfg.cov_weight,
+                                self.cfg.scale_free)
         return StepOutput(loss, {**terms, **self.diagnostics(var_a, var_b)}, mu_a.detach())
 
     @torch.no_grad()

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Literal
 
@@ -122,9 +124,13 @@ class GeM(nn.Module):
             self.register_buffer("p", p_tensor)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Computed in log space, ``exp((logsumexp(p log x) - log n) / p)``, with ``p`` clamped to >= 1: large
+        exponents (a learnable p can take big steps early in training) neither overflow nor underflow."""
         if x.ndim != 4:
             raise ValueError(f"GeM expects a (B, C, H, W) map, got shape {tuple(x.shape)}")
-        return x.clamp(min=self.eps).pow(self.p).mean(dim=(2, 3)).pow(1.0 / self.p)
+        p = self.p.clamp(min=1.0)
+        log_x = x.clamp(min=self.eps).log().flatten(2)
+        return torch.exp((torch.logsumexp(p * log_x, dim=2) - math.log(log_x.shape[2])) / p)
 
     def extra_repr(self) -> str:
         return f"p={float(self.p):.3f}, eps={self.eps}"

@@ -136,3 +136,13 @@ def test_mask_init_gives_each_augmentation_its_block() -> None:
     assert [int(u[:, k].argmax()) // 16 for k in range(4)] == [0, 1, 2, 3]
     far = u[48:, 0]  # three blocks away from column 0's bump: noise N(0.2, 0.1^2) only
     assert far.mean().item() == pytest.approx(0.2, abs=0.06) and 0.05 < far.std().item() < 0.16
+
+
+def test_scale_free_guard_removes_both_degenerate_directions() -> None:
+    mu_a, var_a, mu_b, var_b, masks, active = gaussians(8)
+    _, plain = mast_loss(mu_a, var_a, mu_b, var_b, masks, active)
+    _, base = mast_loss(mu_a, var_a, mu_b, var_b, masks, active, scale_free=True)
+    _, scaled = mast_loss(mu_a, 5 * var_a, mu_b, 5 * var_b, 0.1 * masks, active, scale_free=True)
+    assert scaled["distance"].item() == pytest.approx(base["distance"].item(), rel=1e-6)
+    assert scaled["sparsity"].item() == pytest.approx(0.1 * base["sparsity"].item(), rel=1e-6)  # L1 on the raw masks
+    assert base["distance"].item() != pytest.approx(plain["distance"].item(), rel=1e-3)

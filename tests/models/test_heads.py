@@ -114,6 +114,11 @@ def test_gem_p1_is_average_pooling_and_large_p_approaches_max() -> None:
     torch.testing.assert_close(cube, x.pow(3).mean((2, 3)).pow(1 / 3))
     # the eps clamp keeps negative/zero activations from producing NaNs
     assert torch.isfinite(GeM()(-x)).all()
+    # log-space: a huge exponent on large activations neither overflows nor underflows (float32)
+    huge = GeM(p=5000.0, learnable=False)(100 * x)
+    torch.testing.assert_close(huge, 100 * x.amax(dim=(2, 3)), rtol=2e-3, atol=0)
+    # p is clamped to >= 1: a learnable exponent pushed below 1 pools like the average
+    torch.testing.assert_close(GeM(p=0.5)(x), F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
 def test_gem_learnable_p_gets_gradient_fixed_p_is_buffer() -> None:
