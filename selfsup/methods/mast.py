@@ -57,19 +57,14 @@ class MASTConfig:
     crop_p: float = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
     extra_p: float = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
 
-
-class MAST(nn.Module):
-    Config = MASTConfig
-
-    def __init__(self, backbone: nn.Module, cfg: MASTConfig, total_steps: int) -> None:
-        super().__init__()
-        unknown = [op for op in cfg.ops if op not in MAST15_OPS]
-        check_values(cfg, {
-            "ops": bool(cfg.ops) and not unknown and len(set(cfg.ops)) == len(cfg.ops),
-            "embedding_dim": cfg.embedding_dim >= 1,
-            "first_stage": 0.0 <= cfg.first_stage <= 1.0,
-            "crop_p": 0.0 <= cfg.crop_p <= 1.0,
-            "extra_p": 0.0 <= cfg.extra_p <= 1.0,
+    def __post_init__(self) -> None:
+        unknown = [op for op in self.ops if op not in MAST15_OPS]
+        check_values(self, {
+            "ops": bool(self.ops) and not unknown and len(set(self.ops)) == len(self.ops),
+            "embedding_dim": self.embedding_dim >= 1,
+            "first_stage": 0.0 <= self.first_stage <= 1.0,
+            "crop_p": 0.0 <= self.crop_p <= 1.0,
+            "extra_p": 0.0 <= self.extra_p <= 1.0,
         }, {
             "ops": f"a list of distinct augmentations out of {list(MAST15_OPS)}",
             "embedding_dim": "a positive width d",
@@ -77,6 +72,14 @@ class MAST(nn.Module):
             "crop_p": "a probability",
             "extra_p": "a probability",
         })
+
+
+
+class MAST(nn.Module):
+    Config = MASTConfig
+
+    def __init__(self, backbone: nn.Module, cfg: MASTConfig, total_steps: int) -> None:
+        super().__init__()
         self.cfg = cfg
         self.backbone = backbone
         self.projector = GaussianHead(backbone.num_features, cfg.embedding_dim, cfg.trunk, cfg.variance)
