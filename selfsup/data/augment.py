@@ -375,11 +375,14 @@ class _Pipeline(nn.Module):
         return repr(self.config)
 
     def _run(self, x: Tensor, crop_on: Tensor, flip_on: Tensor, jitter_on: Tensor, gray_on: Tensor,
-             blur_on: Tensor, solarize_on: Tensor, after_geometry=None, before_normalise=None) -> tuple[Tensor, Tensor]:
+             blur_on: Tensor, solarize_on: Tensor, after_geometry=None, before_normalise=None,
+             record: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """Apply the ops switched on per sample; returns (images, crop_changed (B,) bool).
 
         ``after_geometry`` / ``before_normalise``: optional ``x -> x`` steps run after crop + flip and before the
-        normalisation (MAST-15's RandAugment-style ops and its tensor ops).
+        normalisation (MAST-15's RandAugment-style ops and its tensor ops). ``record``: a dict that receives the
+        (B,) magnitudes drawn: "crop" (fraction of the image cut away), "jitter" (largest |factor - 1|, or
+        the hue shift in turns), "blur" (sigma in pixels); 0 where the op did not act.
         """
         cfg = self.config
         batch, channels, height, width = x.shape
@@ -390,6 +393,8 @@ class _Pipeline(nn.Module):
             sampled = sample_crop_boxes(batch, height, width, cfg.crop_scale, cfg.crop_ratio)
             boxes = torch.where(crop_on.unsqueeze(1), sampled, identity)
         crop_changed = ~_same_boxes(boxes, identity, max(height, width))
+        if record is not None:
+            record["crop"] = torch.where(crop_changed, 1.0 - boxes[:, 2] * boxes[:, 3] / (height * width), 0.0)
         full = _same_boxes(boxes, _identity_boxes(batch, height, width, (0.0, math.inf)), max(height, width))
         if bool(full.all()) and height == width == cfg.size:
             if flip_on.any():
@@ -400,7 +405,7 @@ class _Pipeline(nn.Module):
             x = after_geometry(x)
         # 3. colour jitter: torchvision's four ops, in one random order per call (as kornia), per-sample factors
         if jitter_on.any():
-            x = torch.where(_flag(jitter_on, x), self._jitter(x, jitter_on), x)
+            x = torch.where(_flag(jitter_on, x), self._jitter(x, jitter_on, record), x)
         # 4. grayscale (no-op for 1-channel images)
         if channels == 3 and gray_on.any():
             x = torch.where(_flag(gray_on, x), _gray(x).expand_as(x), x)
@@ -409,6 +414,8 @@ class _Pipeline(nn.Module):
             sigma = _uniform(cfg.blur_sigma[0], cfg.blur_sigma[1], (batch,))
             idx = blur_on.nonzero().squeeze(1).to(x.device)
             x = x.index_copy(0, idx, _gaussian_blur(x.index_select(0, idx), sigma[blur_on], cfg.blur_kernel_size))
+            if record is not None:
+                record["blur"] = torch.where(blur_on, sigma, 0.0)
         # 6. solarize: invert pixels >= 0.5 (BYOL)
         if solarize_on.any():
             x = torch.where(_flag(solarize_on, x), torch.minimum(x, 1.0 - x), x)  # = 1 - x where x >= 0.5
@@ -427,21 +434,26 @@ class _Pipeline(nn.Module):
             ops += [i for i, s in ((2, cfg.saturation), (3, cfg.hue)) if s > 0]
         return ops
 
-    def _jitter(self, x: Tensor, jitter_on: Tensor) -> Tensor:
+    def _jitter(self, x: Tensor, jitter_on: Tensor, record: dict[str, Tensor] | None = None) -> Tensor:
         """Colour jitter with per-sample factors (neutral where ``jitter_on`` is False)."""
         cfg = self.config
         batch = x.shape[0]
         active = self._jitter_ops(x.shape[1])
+        largest = torch.zeros(batch, dtype=torch.float64)
         for op in torch.randperm(4).tolist():
             if op not in active:
                 continue
             if op == 3:
                 shift = torch.where(jitter_on, _uniform(-cfg.hue, cfg.hue, (batch,)), 0.0)
                 x = _adjust_hue(x, shift.to(device=x.device, dtype=x.dtype))
+                largest = torch.maximum(largest, shift.abs())
             else:
                 s = (cfg.brightness, cfg.contrast, cfg.saturation)[op]
                 factor = torch.where(jitter_on, _uniform(max(0.0, 1.0 - s), 1.0 + s, (batch,)), 1.0)
                 x = (_adjust_brightness, _adjust_contrast, _adjust_saturation)[op](x, _view(factor, x))
+                largest = torch.maximum(largest, (factor - 1).abs())
+        if record is not None:
+            record["jitter"] = largest
         return x
 
 
@@ -551,7 +563,12 @@ class LabelledAugment(_Pipeline):
     ``self.ops`` order that is True where op k changed image b: crop only when its box differs from
     the whole image, and grayscale / colour jitter never on 1-channel images where they cannot act.
     ``enabled`` (B, K) bool restricts which ops may fire per image (MAST's sampled op subset, see
-    ``sample_op_subsets``; share it between the two views).
+    ``sample_op_subsets``; share it between the two views). ``forward(x, enabled, magnitudes=True)``
+    also returns a (B, K) float tensor of what each applied op drew (0 where it did not act): colour
+    jitter the largest |factor - 1| (or hue shift in turns), blur its sigma in pixels, crop the fraction
+    of the image cut away, flip / grayscale / invert / Sobel 1, shear and sharpness |factor - 1|,
+    translate the shift as a fraction of the side, rotate the angle in degrees, noise its std, cutout
+    the patch side as a fraction of the image.
     """
 
     def __init__(self, config: AugmentConfig, crop_p: float = 1.0, extra_p: float | None = None) -> None:
@@ -562,7 +579,8 @@ class LabelledAugment(_Pipeline):
         self.extra_p = None if extra_p is None else _probability("extra_p", extra_p)
         self.ops = MAST_OPS if extra_p is None else MAST15_OPS
 
-    def forward(self, x: Tensor, enabled: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, enabled: Tensor | None = None,
+                magnitudes: bool = False) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
         cfg = self.config
         _check_batch(x, cfg)
         batch = x.shape[0]
@@ -583,10 +601,20 @@ class LabelledAugment(_Pipeline):
         gray_on = enabled[:, 3] & _bernoulli(cfg.grayscale_p, batch) & (not gray_input)
         crop_on = enabled[:, 4] & _bernoulli(self.crop_p, batch)
         no_solarize = torch.zeros(batch, dtype=torch.bool)
+        drawn: dict[str, Tensor] = {}
+        zero = torch.zeros(batch, dtype=torch.float64)
+
+        def result(out: Tensor, applied: Tensor, extra_magnitudes: list[Tensor]) -> tuple:
+            if not magnitudes:
+                return out, applied.to(x.device)
+            columns = [drawn.get("jitter", zero), drawn.get("blur", zero), flip_on.double(), gray_on.double(),
+                       drawn["crop"], *extra_magnitudes]
+            return out, applied.to(x.device), (torch.stack(columns, dim=1) * applied).float().to(x.device)
+
         if self.extra_p is None:
-            out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize)
-            applied = torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1)
-            return out, applied.to(x.device)
+            out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize,
+                                          record=drawn)
+            return result(out, torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1), [])
         extra = enabled[:, 5:] & (torch.rand(batch, 10) < self.extra_p)
         mag = MAST15_MAGNITUDES
         shear_x, shear_y = _signed(mag["shear"], batch) * extra[:, 0], _signed(mag["shear"], batch) * extra[:, 1]
@@ -609,9 +637,11 @@ class LabelledAugment(_Pipeline):
             return torch.where(_flag(extra[:, 9], img), _cutout(img, cut_side, cut_y, cut_x), img)
 
         out, crop_changed = self._run(x, crop_on, flip_on, jitter_on, gray_on, blur_on, no_solarize,
-                                      after_geometry, before_normalise)
+                                      after_geometry, before_normalise, record=drawn)
         applied = torch.cat([torch.stack([jitter_on, blur_on, flip_on, gray_on, crop_changed], dim=1), extra], dim=1)
-        return out, applied.to(x.device)
+        one = torch.ones(batch, dtype=torch.float64)
+        return result(out, applied, [shear_x.abs(), shear_y.abs(), tx.abs(), ty.abs(), degrees.abs(), one,
+                                     (sharpness - 1).abs(), noise_std, one, cut_side])
 
 
 def sample_op_subsets(batch: int, num_ops: int, count: int) -> Tensor:

@@ -491,3 +491,21 @@ def test_mast15_invert_sobel_and_cutout_by_hand() -> None:
 def test_mast15_rejects_a_mast5_mask_shape() -> None:
     with pytest.raises(ValueError, match=r"shape \(3, 15\)"):
         LabelledAugment(_identity(16), extra_p=0.5)(_images(3, 16, batch=3), torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_labelled_magnitudes_are_what_each_applied_op_drew() -> None:
+    torch.manual_seed(4)
+    x = _images(3, 16, batch=64)
+    cfg = augment_config("mast", 16)
+    out, applied, mags = LabelledAugment(cfg, extra_p=0.5)(x, magnitudes=True)
+    assert mags.shape == applied.shape == (64, 15)
+    assert (mags[~applied] == 0).all() and (mags[applied] > 0).all()  # 0 exactly where an op did not act
+    column = {op: mags[:, k][applied[:, k]] for k, op in enumerate(MAST15_OPS)}
+    assert (column["flip"] == 1).all() and (column["invert"] == 1).all()
+    assert (column["crop"] < 0.92 + 1e-6).all()  # at most 1 - 0.08 of the image cut away
+    assert (column["blur"] >= 0.1).all() and (column["blur"] <= 2.0).all()  # sigma in [0.1, 2]
+    assert (column["color_jitter"] <= 0.4 + 1e-6).all() and (column["rotate"] <= 30).all()
+    # A pipeline asked for no magnitudes draws the same images.
+    torch.manual_seed(4)
+    again, applied_again = LabelledAugment(cfg, extra_p=0.5)(x)
+    assert torch.equal(again, out) and torch.equal(applied_again, applied)
