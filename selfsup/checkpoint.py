@@ -107,8 +107,12 @@ def export_backbone(run_dir: Path, backbone: nn.Module, meta: dict[str, Any]) ->
     atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
 
 
-def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild the exported backbone of a run (or, with ``random_init``, the same architecture untrained)."""
+def load_backbone(run_dir: Path, random_init: bool = False,
+                  extra_params: dict[str, Any] | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the exported backbone of a run (or, with ``random_init``, the same architecture untrained).
+
+    ``extra_params``: constructor arguments that change training only, not the weights (e.g. a ViT's
+    ``drop_path_rate`` for fine-tuning)."""
     run_dir = Path(run_dir)
     meta_path, weights_path = run_dir / "backbone.json", run_dir / "backbone.safetensors"
     if not meta_path.is_file() or not weights_path.is_file():
@@ -117,7 +121,7 @@ def load_backbone(run_dir: Path, random_init: bool = False) -> tuple[nn.Module, 
     meta = read_backbone_meta(run_dir)
     torch.manual_seed(meta.get("seed", 0))
     try:
-        backbone = build_backbone(meta["backbone"], **meta["params"])
+        backbone = build_backbone(meta["backbone"], **{**meta["params"], **(extra_params or {})})
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{meta_path}: cannot build {meta['backbone']} {meta['params']}: {err}") from err
     if not random_init:

@@ -1,7 +1,7 @@
 """Command-line interface::
 
     selfsup pretrain CONFIG.yaml|RUN_DIR [key=value ...]
-    selfsup eval knn|linear|lowshot|cluster|all RUN_DIR [key=value ...] [--baseline raw|random] [--compare raw,random]
+    selfsup eval knn|linear|lowshot|cluster|all|finetune RUN_DIR [key=value ...] [--baseline raw|random] [--compare raw,random]
     selfsup embed RUN_DIR IMAGES_DIR OUT.npy
     selfsup bench CONFIG.yaml [key=value ...] [--steps N]
     selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
@@ -41,17 +41,20 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from selfsup.eval.run import EVALUATIONS, evaluate_run, run_config
+    from selfsup.eval.run import EVALUATIONS, evaluate_run, run_config, run_finetune
 
     cfg = run_config(Path(args.run_dir), args.overrides)
-    kinds = list(EVALUATIONS) if args.kind == "all" else [args.kind]
+    kinds = list(EVALUATIONS) if args.kind == "all" else [args.kind]  # all: the frozen-feature evaluations
     baselines = [args.baseline] + [b for b in (args.compare.split(",") if args.compare else []) if b]
     result: dict[str, float] = {}
     for baseline in baselines:
         if baseline not in ("none", "raw", "random"):
             raise ConfigError(f"bad baseline {baseline!r}; allowed: raw, random")
         prefix = "" if baseline == "none" else f"{baseline}_"
-        scores = evaluate_run(Path(args.run_dir), cfg, kinds, baseline=baseline, progress=sys.stderr.isatty())
+        if args.kind == "finetune":
+            scores = run_finetune(Path(args.run_dir), cfg, baseline=baseline, progress=sys.stderr.isatty())
+        else:
+            scores = evaluate_run(Path(args.run_dir), cfg, kinds, baseline=baseline, progress=sys.stderr.isatty())
         result.update({prefix + k: v for k, v in scores.items()})
     if len(baselines) > 1:
         print_table(result, baselines)
@@ -162,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("eval", help="evaluate a run's exported backbone; last stdout line is JSON")
-    p.add_argument("kind", choices=["knn", "linear", "lowshot", "cluster", "all"])
+    p.add_argument("kind", choices=["knn", "linear", "lowshot", "cluster", "all", "finetune"])
     p.add_argument("run_dir")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.knn_k=10")
     p.add_argument("--baseline", default="none", choices=["none", "raw", "random"],

@@ -127,6 +127,19 @@ class EvalConfig:
     lowshot_percents: list[float] = field(default_factory=lambda: [1.0])
     lowshot_splits: int = 3
     cluster_n_init: int = 3
+    # Fine-tuning (selfsup eval finetune): AdamW, warm-up (a fraction of the steps) + cosine, layer-wise lr decay,
+    # label smoothing, drop path (ViTs), the run's views.0 augmentation; on all the labels, a fraction of each class
+    # (MAE / ExtreMA: 0.01, 0.1) or a number per class.
+    finetune_epochs: int = 10
+    finetune_batch_size: int = 128
+    finetune_lr: float = 1.0e-3
+    finetune_layer_decay: float = 0.65
+    finetune_weight_decay: float = 0.05
+    finetune_warmup: float = 0.1
+    finetune_label_smoothing: float = 0.1
+    finetune_drop_path: float = 0.1
+    finetune_fraction: float = 1.0
+    finetune_per_class: int | None = None
     seed: int = 0
     # Model selection without the test set: hold out this class-stratified, seeded fraction of the labelled
     # training split and evaluate on it instead of data.eval_split (the rest is the labelled training set).

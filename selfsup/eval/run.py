@@ -19,6 +19,7 @@ from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval.clustering import kmeans_cluster
+from selfsup.eval.finetune import finetune, labelled_subset
 from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import knn_classify
 from selfsup.eval.linear import linear_probe, stratified_holdout
@@ -150,6 +151,60 @@ def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) ->
         r = kmeans_cluster(feats.test, feats.test_labels, n_init=e.cluster_n_init, seed=e.seed, progress=progress)
         return {f"cluster_{k}": v for k, v in r.items()}
     raise ValueError(f"unknown evaluation {kind!r}; choose one of {', '.join(EVALUATIONS)} or all")
+
+
+def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True) -> dict[str, float]:
+    """``selfsup eval finetune``: the backbone (or, ``baseline="random"``, the same architecture from scratch) fine-tuned
+    end to end with a linear head on the labelled split (``eval.finetune_*``), tested on the eval split."""
+    import inspect
+
+    from selfsup.models import BACKBONES
+
+    if baseline == "raw":
+        raise ConfigError("fine-tuning trains a backbone: use --baseline random (the same network from scratch), "
+                          "not raw pixels")
+    e, d = cfg.eval, cfg.data
+    meta = read_backbone_meta(run_dir)
+    accepts = inspect.signature(BACKBONES[meta["backbone"]]).parameters
+    extra = {"drop_path_rate": e.finetune_drop_path} if "drop_path_rate" in accepts else {}
+    model, meta = load_backbone(run_dir, random_init=baseline == "random", extra_params=extra)
+    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
+    splits = []
+    for split in (train_split,) if e.holdout is not None else (train_split, d.eval_split):
+        data = open_split(d, split, image_size=meta["image_size"], channels=meta["channels"], progress=progress)
+        if isinstance(data, StreamedSplit):
+            raise ConfigError(f"fine-tuning reads {d.dataset}/{split} in memory; set data.stream=false (a split this "
+                              f"large is fine-tuned with the pretraining engine, not this evaluation)")
+        if data.labels is None:
+            raise ConfigError(f"{d.dataset}/{split} has no labels; fine-tuning needs labelled train and eval splits")
+        splits.append(data)
+    train = splits[0]
+    if e.holdout is None:
+        test_images, test_labels = splits[1].images, splits[1].labels
+        fit = torch.arange(len(train))
+    else:
+        fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(train.labels.numpy(), e.holdout, e.seed))
+        test_images, test_labels = train.images[held_out], train.labels[held_out]
+    chosen = fit[torch.from_numpy(labelled_subset(train.labels[fit].numpy(), e.finetune_fraction,
+                                                  e.finetune_per_class, e.seed))]
+    device = device_for()
+    mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
+    std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
+    view = cfg.views[0]
+    try:
+        aug_cfg = augment_config(view.preset, meta["image_size"], mean=tuple(meta["mean"]), std=tuple(meta["std"]),
+                                 **view.params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"views.0 (the fine-tuning augmentation): {err}") from err
+    log.info("fine-tuning %s on %d labelled %s images (%s), testing on %d", "a random-init backbone"
+             if baseline == "random" else "the backbone", len(chosen), train_split, view.preset, len(test_labels))
+    result = finetune(model, train.images[chosen], train.labels[chosen], test_images, test_labels,
+                      Augment(aug_cfg).to(device), lambda x: (x - mean) / std, epochs=e.finetune_epochs,
+                      batch_size=min(e.finetune_batch_size, len(chosen)), lr=e.finetune_lr,
+                      layer_decay=e.finetune_layer_decay, weight_decay=e.finetune_weight_decay,
+                      warmup_fraction=e.finetune_warmup, label_smoothing=e.finetune_label_smoothing, seed=e.seed,
+                      device=device, progress=progress)
+    return {"finetune_top1": result["top1"], "finetune_top5": result["top5"], "finetune_labels": float(len(chosen))}
 
 
 def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baseline = "none",
