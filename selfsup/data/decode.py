@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch
 from PIL import Image, ImageOps
 from tqdm.auto import tqdm
 
-from selfsup.data.imagedata import MAX_LISTED, DataError, ImageData
+from selfsup.data.imagedata import DataError, ImageData, warn_unreadable
 
 __all__ = ["Crop", "ImageSource", "decode_all", "decode_crops", "decode_resized", "image_mode"]
 
@@ -165,9 +164,7 @@ def decode_all(source: ImageSource, image_size: int | None, channels: int, indic
     if not ok:
         raise DataError(f"none of the {len(rows)} images in {source.root} could be decoded; check the files")
     if skipped:
-        more = f" and {len(skipped) - MAX_LISTED} more" if len(skipped) > MAX_LISTED else ""
-        warnings.warn(f"skipped {len(skipped)} unreadable images of {len(rows)}: "
-                      f"{', '.join(skipped[:MAX_LISTED])}{more}", stacklevel=3)
+        warn_unreadable(skipped, f"of {len(rows)}", stacklevel=3)
     shapes = {arrays[k].shape for k in ok}
     if len(shapes) > 1:
         by_shape: dict[tuple[int, ...], str] = {}

@@ -4,16 +4,25 @@ and the array helpers the formats share (seeded subsets, channel conversion, res
 from __future__ import annotations
 
 from collections.abc import Sequence
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DataError", "ImageData", "MAX_LISTED", "convert_channels", "resize_images", "subset_indices", "take"]
+__all__ = ["DataError", "ImageData", "MAX_LISTED", "convert_channels", "resize_images", "subset_indices", "take",
+           "warn_unreadable"]
 
 MAX_LISTED = 10  # file names quoted in one error or warning
 _RESIZE_CHUNK = 512
 _LUMA = (0.299, 0.587, 0.114)
+
+
+def warn_unreadable(names: list[str], where: str, stacklevel: int = 2) -> None:
+    """One warning for the unreadable images left out: their number, ``where`` ("of 6", "in DIR"), the first names."""
+    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
+    warnings.warn(f"skipped {len(names)} unreadable images {where}: {', '.join(names[:MAX_LISTED])}{more}",
+                  stacklevel=stacklevel + 1)
 
 
 class DataError(ValueError):

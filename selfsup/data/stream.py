@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ from selfsup.config import ConfigError, DataConfig
 from selfsup.data.augment import sample_crop_boxes
 from selfsup.data.datasets import STREAMABLE, load_dataset, open_images
 from selfsup.data.decode import Crop, ImageSource, decode_crops, decode_resized, image_mode
-from selfsup.data.imagedata import MAX_LISTED, DataError, ImageData, subset_indices
+from selfsup.data.imagedata import DataError, ImageData, subset_indices, warn_unreadable
 from selfsup.data.sampler import StepSampler
 from selfsup.data.views import CropSpec
 
@@ -170,7 +169,6 @@ class StreamedSplit:
     def __init__(self, source: ImageSource, image_size: int, channels: int, workers: int) -> None:
         self.source, self.image_size, self.channels, self.workers = source, image_size, channels, workers
         self.labels = None if source.labels is None else torch.from_numpy(source.labels)
-        self.classes = source.classes
         self.readable = torch.ones(len(source), dtype=torch.bool)
 
     def __len__(self) -> int:
@@ -205,9 +203,7 @@ class StreamedSplit:
         return torch.cat(out), torch.cat(kept)
 
     def _report(self, unreadable: list[str]) -> None:
-        more = f" and {len(unreadable) - MAX_LISTED} more" if len(unreadable) > MAX_LISTED else ""
-        warnings.warn(f"skipped {len(unreadable)} unreadable images in {self.source.root}: "
-                      f"{', '.join(unreadable[:MAX_LISTED])}{more}", stacklevel=3)
+        warn_unreadable(unreadable, f"in {self.source.root}", stacklevel=3)
 
 
 class SubsetSource:

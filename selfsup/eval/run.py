@@ -17,6 +17,7 @@ from torch import nn
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
 from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
+from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval.clustering import kmeans_cluster
 from selfsup.eval.finetune import finetune, labelled_subset
@@ -58,6 +59,33 @@ def device_for(name: str | None = None) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+def labelled_splits(cfg: Config, image_size: int | None, channels: int | None,
+                    progress: bool) -> tuple[str, list[ImageData | StreamedSplit]]:
+    """The labelled training split's name, and the splits evaluation reads: [train, eval], or [train] alone
+    with ``eval.holdout`` (the held-out part then comes out of the training split)."""
+    d = cfg.data
+    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
+    splits = []
+    for split in (train_split,) if cfg.eval.holdout is not None else (train_split, d.eval_split):
+        data = open_split(d, split, image_size=image_size, channels=channels, progress=progress)
+        if data.labels is None:
+            raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
+                              f"(set data.train_split / data.eval_split)")
+        splits.append(data)
+    return train_split, splits
+
+
+def first_view_augment(cfg: Config, size: int, mean: tuple | None, std: tuple | None, purpose: str,
+                       device: torch.device) -> Augment:
+    """The run's first view spec (``views.0``: preset and overrides) at ``size`` px, normalising with mean/std."""
+    view = cfg.views[0]
+    try:
+        aug_cfg = augment_config(view.preset, size, mean=mean, std=std, **view.params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"views.0 ({purpose}): {err}") from err
+    return Augment(aug_cfg).to(device)
+
+
 def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True,
                      views: int = 1) -> Features:
     """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone.
@@ -81,14 +109,7 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     elif (Path(run_dir) / "backbone.json").is_file():
         meta = read_backbone_meta(run_dir)
     channels, image_size = (meta["channels"], meta["image_size"]) if meta else (d.channels, d.image_size)
-    splits = []
-    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
-    for split in (train_split,) if holdout is not None else (train_split, d.eval_split):
-        data = open_split(d, split, image_size=image_size, channels=channels, progress=progress)
-        if data.labels is None:
-            raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
-                              f"(set data.train_split / data.eval_split)")
-        splits.append(data)
+    train_split, splits = labelled_splits(cfg, image_size, channels, progress)
     train = splits[0]
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
@@ -102,14 +123,8 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
 
     augment = None
     if views > 1:
-        view = cfg.views[0]
-        try:
-            size = train.image_size if isinstance(train, StreamedSplit) else train.images.shape[-1]
-            aug_cfg = augment_config(view.preset, size, mean=mean_std[0], std=mean_std[1],
-                                     **view.params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"views.0 (the augmentation of eval.linear_views): {err}") from err
-        augment = Augment(aug_cfg).to(device)
+        size = train.image_size if isinstance(train, StreamedSplit) else train.images.shape[-1]
+        augment = first_view_augment(cfg, size, *mean_std, "the augmentation of eval.linear_views", device)
 
     def embed(split) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of a split (a streamed one read from its files, unreadable images left out)."""
@@ -163,21 +178,15 @@ def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progre
     if baseline == "raw":
         raise ConfigError("fine-tuning trains a backbone: use --baseline random (the same network from scratch), "
                           "not raw pixels")
-    e, d = cfg.eval, cfg.data
+    e = cfg.eval
     meta = read_backbone_meta(run_dir)
     accepts = inspect.signature(BACKBONES[meta["backbone"]]).parameters
     extra = {"drop_path_rate": e.finetune_drop_path} if "drop_path_rate" in accepts else {}
     model, meta = load_backbone(run_dir, random_init=baseline == "random", extra_params=extra)
-    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
-    splits = []
-    for split in (train_split,) if e.holdout is not None else (train_split, d.eval_split):
-        data = open_split(d, split, image_size=meta["image_size"], channels=meta["channels"], progress=progress)
-        if isinstance(data, StreamedSplit):
-            raise ConfigError(f"fine-tuning reads {d.dataset}/{split} in memory; set data.stream=false (a split this "
-                              f"large is fine-tuned with the pretraining engine, not this evaluation)")
-        if data.labels is None:
-            raise ConfigError(f"{d.dataset}/{split} has no labels; fine-tuning needs labelled train and eval splits")
-        splits.append(data)
+    train_split, splits = labelled_splits(cfg, meta["image_size"], meta["channels"], progress)
+    if any(isinstance(data, StreamedSplit) for data in splits):
+        raise ConfigError(f"fine-tuning reads {cfg.data.dataset} in memory; set data.stream=false (a split this "
+                          f"large is fine-tuned with the pretraining engine, not this evaluation)")
     train = splits[0]
     if e.holdout is None:
         test_images, test_labels = splits[1].images, splits[1].labels
@@ -190,16 +199,13 @@ def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progre
     device = device_for()
     mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
     std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
-    view = cfg.views[0]
-    try:
-        aug_cfg = augment_config(view.preset, meta["image_size"], mean=tuple(meta["mean"]), std=tuple(meta["std"]),
-                                 **view.params)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"views.0 (the fine-tuning augmentation): {err}") from err
+    augment = first_view_augment(cfg, meta["image_size"], tuple(meta["mean"]), tuple(meta["std"]),
+                                 "the fine-tuning augmentation", device)
     log.info("fine-tuning %s on %d labelled %s images (%s), testing on %d", "a random-init backbone"
-             if baseline == "random" else "the backbone", len(chosen), train_split, view.preset, len(test_labels))
+             if baseline == "random" else "the backbone", len(chosen), train_split, cfg.views[0].preset,
+             len(test_labels))
     result = finetune(model, train.images[chosen], train.labels[chosen], test_images, test_labels,
-                      Augment(aug_cfg).to(device), lambda x: (x - mean) / std, epochs=e.finetune_epochs,
+                      augment, lambda x: (x - mean) / std, epochs=e.finetune_epochs,
                       batch_size=min(e.finetune_batch_size, len(chosen)), lr=e.finetune_lr,
                       layer_decay=e.finetune_layer_decay, weight_decay=e.finetune_weight_decay,
                       warmup_fraction=e.finetune_warmup, label_smoothing=e.finetune_label_smoothing, seed=e.seed,

@@ -20,7 +20,8 @@ import torch
 from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
-from selfsup.train.engine import StepViews, build_view_groups, build_model, normalization, validate, views_maker
+from selfsup.train.engine import (StepViews, build_model, build_view_groups, crop_specs, normalization, validate,
+                                  views_maker)
 from selfsup.train.optim import build_optimizer
 
 
@@ -51,15 +52,16 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
                 else torch.autocast(device.type, enabled=False))
     loader: dict[str, Any] = {}
     if streamed:
-        loader = _loader_speed(data, cfg, view_groups, steps, warmup)
+        loader = _loader_speed(data, cfg, crop_specs(data, view_groups, method), steps, warmup)
         # The step below runs on the crops of every view: the full-resolution decode is the loader's work.
         step_views = StepViews(data, StepSampler(len(data), t.batch_size, seed=t.seed), view_groups, t.seed, 0,
                                steps + warmup, device, memory_format, method)
         view_batches = [step_views(i, 0, 1) for i in range(steps + warmup)]
-    make = views_maker(method, view_groups)
-    g = torch.Generator().manual_seed(0)
-    batches = [] if streamed else [data.images[torch.randint(len(data), (t.batch_size,), generator=g)]
-                                   for _ in range(steps + warmup)]
+        batches: list[torch.Tensor] = []  # no separate augmentation pass: the loader made the crops
+    else:
+        make = views_maker(method, view_groups)
+        g = torch.Generator().manual_seed(0)
+        batches = [data.images[torch.randint(len(data), (t.batch_size,), generator=g)] for _ in range(steps + warmup)]
 
     def sync() -> None:
         if device.type == "cuda":
@@ -111,11 +113,10 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     }
 
 
-def _loader_speed(data: StreamedSplit, cfg: Config, view_groups: list, steps: int, warmup: int) -> dict[str, Any]:
+def _loader_speed(data: StreamedSplit, cfg: Config, specs: list, steps: int, warmup: int) -> dict[str, Any]:
     """Images/s of the streaming loader (read + decode + crop every view) with ``data.num_workers`` workers,
     and the milliseconds one process spends per image."""
     t = cfg.trainer
-    specs = [g.crop_spec for g in view_groups]
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed)
 
     def images_per_s(workers: int, count: int) -> float:

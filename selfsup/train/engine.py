@@ -100,6 +100,14 @@ def views_maker(method: nn.Module, groups: list[ViewGroup]) -> Callable[[torch.T
     return lambda images, step: make_views(images, groups)
 
 
+def crop_specs(data: StreamedSplit, groups: list[ViewGroup], method: nn.Module | None) -> list[CropSpec]:
+    """What the streaming loader crops: every view group's crops, or, for a method that draws its own views
+    (MAST), each image's centre square at ``data.image_size``."""
+    if hasattr(method, "make_views"):
+        return [CropSpec(data.image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)]
+    return [g.crop_spec for g in groups]
+
+
 class StepViews:
     """The views of every step of ``[start, stop)``, in order, seeded by the step (so a resumed run gets the same).
 
@@ -120,10 +128,8 @@ class StepViews:
         self.make = views_maker(method, groups)
         self.unreadable = 0
         if self.streamed:
-            specs = ([CropSpec(data.image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)] if self.own_views
-                     else [g.crop_spec for g in groups])
-            self.batches = iter(crop_batches(data.source, sampler, specs, data.channels, seed, start, stop,
-                                             data.workers, pin_memory=device.type == "cuda"))
+            self.batches = iter(crop_batches(data.source, sampler, crop_specs(data, groups, method), data.channels,
+                                             seed, start, stop, data.workers, pin_memory=device.type == "cuda"))
 
     def _on_device(self, images: torch.Tensor) -> torch.Tensor:
         return images.to(self.device, non_blocking=True).float().div_(255)
@@ -591,21 +597,14 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                "(or set optim.clip_grad)" if saved_step is not None else "lower optim.lr or set optim.clip_grad and start again")
         return TrainingDiverged(f"{reason}; {last_checkpoint_text()}; {fix}")
 
-    def on_any_process(value: int) -> int:
-        """The largest ``value`` over the processes, so that all of them stop (or raise) at the same step."""
+    def reduced(value: int, op: Any = torch.distributed.ReduceOp.MAX) -> int:
+        """``value`` reduced over the processes: the largest by default, so that all of them stop (or raise) at
+        the same step; ``ReduceOp.SUM`` for counts."""
         if fabric.world_size == 1:
             return value
         flag = torch.tensor([value], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flag, op=op)
         return int(flag.item())
-
-    def on_all_processes(value: int) -> int:
-        """The sum of ``value`` over the processes."""
-        if fabric.world_size == 1:
-            return value
-        total = torch.tensor([value], device=device)
-        torch.distributed.all_reduce(total)
-        return int(total.item())
 
     step_views = StepViews(data, sampler, view_groups, t.seed, start_step, total_steps, device, memory_format,
                            raw_method)
@@ -628,7 +627,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
 
                 out = method(views)
                 finite = bool(torch.isfinite(out.loss))
-                if on_any_process(int(not finite)):
+                if reduced(int(not finite)):
                     raise diverged(f"loss is {out.loss.item()} at step {step}" if not finite
                                    else f"loss is not finite at step {step} on another process")
                 optimizer.zero_grad(set_to_none=True)
@@ -645,7 +644,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 log_now = step % t.log_every_steps == 0 or step == total_steps
                 collapse_now = cfg.monitor.collapse_every_steps and step % cfg.monitor.collapse_every_steps == 0
                 knn_now = knn_monitor is not None and (step % cfg.monitor.knn_every_steps == 0 or step == total_steps)
-                unreadable = on_all_processes(step_views.unreadable) if log_now and step_views.streamed else None
+                unreadable = (reduced(step_views.unreadable, torch.distributed.ReduceOp.SUM)
+                              if log_now and step_views.streamed else None)
                 if is_main and (log_now or collapse_now or knn_now):
                     row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
                                            "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
@@ -667,7 +667,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                     checkpoint(step)
                 if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
                     export(run_dir / "snapshots" / f"step_{step:06d}", step)
-                signum = on_any_process(stop.signum)
+                signum = reduced(stop.signum)
                 if signum:
                     if saved_step != step:
                         checkpoint(step)
