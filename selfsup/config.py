@@ -13,6 +13,7 @@ paths) to compose presets; later files and overrides win, mappings merge key by 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ class ViewConfig:
 class ModelConfig:
     backbone: str = "resnet18"
     params: dict[str, Any] = field(default_factory=dict)
+    # Frozen part of the trained encoder: k = the stem and the first k ViT blocks (MAE-CT's contrastive tuning
+    # freezes the lower half); all = every encoder parameter (MAE-CT's head initialisation). No gradients, no
+    # optimiser state, frozen blocks in eval mode.
+    freeze: int | Literal["all"] | None = None
 
 
 @dataclass
@@ -79,6 +84,11 @@ class OptimConfig:
     momentum: float = 0.9  # SGD and LARS
     lars_eta: float = 0.02
     clip_grad: float | None = None
+    # Layer-wise lr decay (BEiT; MAE-CT 0.65): encoder block i of L gets lr * decay^(L - i) (0-indexed), the
+    # stem decay^(L + 1), what follows the blocks (final norm) and the heads lr. 1 = off.
+    layer_decay: float = 1.0
+    head_lr: float | None = None  # lr of the parameters outside the encoder (heads); null = optim.lr
+    head_weight_decay: float | None = None  # their weight decay (MAE-CT 1e-5 against 0.05); null = optim.weight_decay
 
 
 @dataclass
@@ -161,6 +171,11 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # Stages run one after the other into one run directory (MAE-CT: MAE, head initialisation, contrastive
+    # tuning). Each is ``{name: ..., <overrides of the sections above>}``, e.g. ``{name: ct, method: {...},
+    # model: {freeze: 2}, optim: {lr: 1e-4}, trainer: {epochs: 2}}``, plus an optional ``init_from: RUN_DIR``
+    # (start from that run's weights instead of the previous stage's). Empty: one stage, the config itself.
+    stages: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,6 +311,48 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
         raise ConfigError(f"bad value for {path}: expected {tp.__name__}, got {value!r}")
     return value
+
+
+# Trainer keys that one stage cannot change: the processes and the run directory are the whole run's.
+_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision")
+
+
+@dataclass
+class Stage:
+    name: str
+    cfg: Config  # the run's config with the stage's overrides, trainer.out = RUN_DIR/stages/<i>_<name>
+    init_from: str | None = None
+
+
+def stage_configs(cfg: Config) -> list[Stage]:
+    """The stages of a staged config, each a full validated :class:`Config` (``stages: []`` gives none)."""
+    base = {k: v for k, v in to_dict(cfg).items() if k != "stages"}
+    stages, names = [], set()
+    for i, spec in enumerate(cfg.stages, start=1):
+        where = f"stages.{i - 1}"
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
+                or not re.fullmatch(r"[A-Za-z0-9_-]+", spec["name"]) or spec["name"] in names:
+            raise ConfigError(f"{where} needs a unique name of letters, digits, _ or - (e.g. name: mae), got "
+                              f"{spec.get('name') if isinstance(spec, dict) else spec!r}")
+        overrides = {k: v for k, v in spec.items() if k not in ("name", "init_from")}
+        for key in overrides:
+            if key not in base or key == "eval":
+                raise ConfigError(f"unknown key {where}.{key}; a stage overrides method, data, views, model, optim, "
+                                  f"trainer or monitor (and may give name and init_from)")
+        fixed = [k for k in overrides.get("trainer", {}) if k in _RUN_WIDE]
+        if fixed:
+            raise ConfigError(f"{where}.trainer.{fixed[0]} cannot change per stage: set trainer.{fixed[0]} for the whole run")
+        if "trainer" in overrides and {"epochs", "max_steps"} & set(overrides["trainer"]) == {"epochs"}:
+            overrides["trainer"] = {**overrides["trainer"], "max_steps": None}  # a stage's epochs replace the run's max_steps
+        merged = deep_merge(base, overrides)
+        merged["trainer"] = {**merged["trainer"], "out": str(Path(cfg.trainer.out) / "stages" / f"{i}_{spec['name']}")}
+        stage_cfg = from_dict(Config, merged)
+        init_from = spec.get("init_from")
+        if init_from is not None and not isinstance(init_from, str):
+            raise ConfigError(f"bad value for {where}.init_from: {init_from!r}; use the path of a run directory")
+        stages.append(Stage(spec["name"], stage_cfg, init_from))
+        names.add(spec["name"])
+    return stages
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

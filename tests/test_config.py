@@ -190,15 +190,15 @@ def test_every_shipped_config_loads_and_validates():
 
 
 def test_laptop_presets_are_sized_to_their_runs():
-    """Every Fashion-MNIST preset (60,000 images) passes the run-size checks: warm-up at most a quarter of
+    """Every Fashion-MNIST preset (60,000 images), and every stage of a staged one, passes the run-size checks: warm-up at most a quarter of
     the run, no more prototypes than the batch with Sinkhorn; and an EMA horizon, where given, spans steps."""
     from pathlib import Path
 
-    from selfsup.config import load_config
+    from selfsup.config import load_config, stage_configs
     from selfsup.train.engine import run_steps, run_warnings, warmup_steps
 
-    for path in sorted((Path(__file__).parent.parent / "configs" / "fashion_mnist").glob("*.yaml")):
-        cfg = load_config(path)
+    paths = sorted((Path(__file__).parent.parent / "configs" / "fashion_mnist").glob("*.yaml"))
+    for path, cfg in [(p, c) for p in paths for c in [load_config(p), *(s.cfg for s in stage_configs(load_config(p)))]]:
         per_epoch = 60_000 // cfg.trainer.batch_size
         total = run_steps(cfg.trainer, per_epoch)
         assert run_warnings(cfg, total, warmup_steps(cfg.optim, total, per_epoch)) == [], path.name

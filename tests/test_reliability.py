@@ -42,8 +42,8 @@ def _hook(optimizer, args, kwargs):
     _calls[0] += 1
     if _calls[0] == {k}:
         os.kill(os.getpid(), signal.SIGINT)
-def build_optimizer(model, cfg):
-    optimizer = _build(model, cfg)
+def build_optimizer(model, cfg, *args):
+    optimizer = _build(model, cfg, *args)
     optimizer.register_step_pre_hook(_hook)
     return optimizer
 engine.build_optimizer = build_optimizer

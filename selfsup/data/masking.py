@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["num_keep", "random_keep_indices", "multi_mask_keep_indices", "keep_to_mask"]
+__all__ = ["num_keep", "random_keep_indices", "multi_mask_keep_indices", "keep_to_mask", "unshuffle"]
 
 
 def num_keep(num_patches: int, mask_ratio: float) -> int:
@@ -105,3 +105,13 @@ def keep_to_mask(keep: Tensor, num_patches: int) -> Tensor:
         raise ValueError(f"keep holds indices outside [0, num_patches={num_patches})")
     mask = torch.ones(*keep.shape[:-1], num_patches, dtype=torch.bool, device=keep.device)
     return mask.scatter_(-1, keep.long(), False)
+
+
+def unshuffle(kept: Tensor, keep: Tensor, num_patches: int, fill: Tensor) -> Tensor:
+    """Put the encoded kept tokens back at their grid positions: ``(B, K, D) -> (B, N, D)``, ``fill`` (D,) (MAE's
+    shared mask token) everywhere else. The inverse of gathering ``keep`` (B, K) out of N tokens."""
+    b, k, d = kept.shape
+    if keep.shape != (b, k):
+        raise ValueError(f"keep must be (B, K) = {(b, k)} for tokens {tuple(kept.shape)}, got {tuple(keep.shape)}")
+    full = fill.to(kept.dtype).expand(b, num_patches, d).clone()
+    return full.scatter(1, keep.to(kept.device).unsqueeze(-1).expand(b, k, d), kept)

@@ -13,7 +13,6 @@ per class.
 from __future__ import annotations
 
 import math
-import re
 from typing import Callable
 
 import numpy as np
@@ -23,36 +22,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from selfsup.eval.knn import topk_accuracy
+from selfsup.train.optim import parameter_groups
 from selfsup.train.schedules import cosine_schedule
 
-__all__ = ["finetune", "labelled_subset", "layer_ids"]
-
-_BLOCK = re.compile(r"(?:^|\.)(?:blocks|layer)\.?(\d+)\.")
-_FIRST = ("stem", "patch_embed", "cls_token", "pos_embed", "conv_stem")
-
-
-def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
-    """Each parameter's layer for the lr decay, and the number of blocks/stages L.
-
-    ViT ``blocks.i`` -> i + 1 and ResNet ``layer<s>`` -> s (stages count from 1); the stem, patch
-    embedding, [CLS] and position embeddings -> 0; everything after the blocks -> L + 1.
-    """
-    found: dict[str, int] = {}
-    for name, _ in backbone.named_parameters():
-        match = _BLOCK.search("." + name)
-        if match:
-            found[name] = int(match.group(1)) + (1 if name.startswith("blocks") or ".blocks." in name else 0)
-    num_layers = max(found.values(), default=0)
-    ids = {}
-    for name, _ in backbone.named_parameters():
-        if name in found:
-            ids[name] = found[name]
-        elif name.split(".")[0] in _FIRST:
-            ids[name] = 0
-        else:
-            ids[name] = num_layers + 1
-    return ids, num_layers
-
+__all__ = ["finetune", "labelled_subset"]
 
 def labelled_subset(labels: np.ndarray, fraction: float = 1.0, per_class: int | None = None, seed: int = 0) -> np.ndarray:
     """Sorted indices of a class-stratified seeded subset: ``per_class`` images of each class, or ``fraction``
@@ -93,15 +66,9 @@ def finetune(backbone: nn.Module, train_images: torch.Tensor, train_labels: torc
     nn.init.trunc_normal_(head.weight, std=2e-5)  # MAE's head init
     nn.init.zeros_(head.bias)
 
-    ids, num_layers = layer_ids(backbone)
-    groups: dict[tuple[int, bool], list[nn.Parameter]] = {}
-    for name, param in backbone.named_parameters():
-        groups.setdefault((ids[name], param.ndim > 1), []).append(param)
-    for name, param in head.named_parameters():
-        groups.setdefault((num_layers + 1, param.ndim > 1), []).append(param)
-    param_groups = [{"params": params, "lr_scale": layer_decay ** (num_layers + 1 - layer),
-                     "weight_decay": weight_decay if decayed else 0.0}
-                    for (layer, decayed), params in sorted(groups.items())]
+    param_groups = parameter_groups(nn.ModuleDict({"backbone": backbone, "head": head}), backbone, layer_decay)
+    for group in param_groups:
+        group["weight_decay"] = weight_decay * group["wd_scale"]
     optimizer = torch.optim.AdamW(param_groups, lr=lr, betas=(0.9, 0.999))
 
     steps_per_epoch = max(1, len(train_images) // batch_size)

@@ -8,7 +8,10 @@ The contract the engine relies on (no base class; methods compose shared pieces)
   VICReg/BT/BYOL, the EMA target for MSN and ExtreMA);
 - optional ``attach_views(groups)`` + ``make_views(images, step) -> views``: the method draws its own views
   from the [0, 1] batch (MAST, whose loss needs to know which augmentations each pair got);
-- optional ``plot(out_dir, metrics_rows)``: the method's own pictures, drawn at the end of a run;
+- optional ``plot(out_dir, metrics_rows, samples)``: the method's own pictures, drawn at the end of a run
+  (``samples``: a few normalised images of the evaluation split, e.g. for MAE's reconstructions);
+- optional ``after_carry_over()``: called once when a stage starts from the previous stage's weights (EMA
+  copies restart from the carried weights);
 - optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
   differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
 - optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
@@ -26,8 +29,10 @@ from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import StepOutput
 from selfsup.methods.byol import BYOL
 from selfsup.methods.extrema import ExtreMA
+from selfsup.methods.mae import MAE
 from selfsup.methods.mast import MAST
 from selfsup.methods.msn import MSN
+from selfsup.methods.nnclr import NNCLR
 from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type[nn.Module]] = {
@@ -37,6 +42,8 @@ METHODS: dict[str, type[nn.Module]] = {
     "msn": MSN,
     "extrema": ExtreMA,
     "mast": MAST,
+    "mae": MAE,
+    "nnclr": NNCLR,
 }
 
 

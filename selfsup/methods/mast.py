@@ -141,7 +141,7 @@ class MAST(nn.Module):
                 out[f"uncertainty_{op}"] = (trace * active[:, k]).sum() / drawn
         return out
 
-    def plot(self, out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
         """The learned K x d mask heat-map (the paper's Fig. 3a) and each augmentation's uncertainty over training."""
         import matplotlib
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import inspect
+import json
 import logging
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -29,7 +31,7 @@ from torch import nn
 
 from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, remove_stale_temporaries,
                                 save_checkpoint)
-from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, to_dict
+from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, stage_configs, to_dict
 from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS, DataError, ImageData
 from selfsup.data.sampler import StepSampler
@@ -167,6 +169,62 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
     return params, method
 
 
+def online_encoder(method: nn.Module) -> nn.Module:
+    """The encoder that the optimiser trains: ``method.encoder`` where the exported backbone is another copy (an
+    EMA), else ``method.backbone``."""
+    return getattr(method, "encoder", None) or method.backbone
+
+
+def freeze(encoder: nn.Module, spec: int | str | None) -> None:
+    """``model.freeze``: the stem and the first k ViT blocks, or ``"all"`` of the encoder (no gradients, no optimiser
+    state, frozen blocks and stem in eval mode)."""
+    if spec is None:
+        return
+    if not hasattr(encoder, "freeze_blocks"):
+        raise ConfigError(f"model.freeze={spec!r} needs a ViT backbone (it freezes the stem and transformer blocks); "
+                          "use model.freeze=null with a ResNet")
+    depth = encoder.depth
+    if spec == "all":
+        encoder.freeze_blocks(depth)
+        encoder.requires_grad_(False)
+    elif not 0 <= spec <= depth:
+        raise ConfigError(f"bad value for model.freeze: {spec}; use a number of blocks in 0..{depth}, all, or null")
+    else:
+        encoder.freeze_blocks(spec)
+
+
+def carry_over(method: nn.Module, state: dict[str, torch.Tensor], log_to: logging.Logger | None = None) -> None:
+    """Start ``method`` from another method's weights (the previous stage, or ``init_from``): every tensor whose name
+    and shape match is copied; the rest (a new head, a new EMA copy) keeps its initialisation. Then the method's
+    ``after_carry_over`` hook runs (EMA copies restart from the carried weights)."""
+    own = method.state_dict()
+    matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    if not any(k.startswith(("encoder.", "backbone.")) for k in matched):
+        raise ConfigError("the previous stage's weights hold no encoder that this stage's method can take (no "
+                          "parameter name and shape in common); chain methods that keep the encoder as "
+                          "`encoder` (mae, nnclr) on the same model")
+    method.load_state_dict(matched, strict=False)
+    if hasattr(method, "after_carry_over"):
+        method.after_carry_over()
+    if log_to is not None:
+        parts = lambda keys: ", ".join(sorted({k.split(".")[0] for k in keys}))  # noqa: E731
+        fresh = [k for k in own if k not in matched]
+        log_to.info("carried over %d tensors (%s); initialised afresh: %s", len(matched), parts(matched),
+                    parts(fresh) or "nothing")
+
+
+def sample_images(cfg: Config, data: ImageData | StreamedSplit, channels: int, image_size: int, mean: list[float],
+                  std: list[float], count: int = 8) -> torch.Tensor:
+    """The first ``count`` images of the evaluation split (the training split when there is none), normalised:
+    what the methods' pictures show (MAE's reconstructions)."""
+    try:
+        split = open_split(cfg.data, cfg.data.eval_split, image_size=image_size, channels=channels, progress=False)
+    except DataError:
+        split = data
+    images = pixels_and_labels(split, torch.arange(min(count, len(split))))[0].float() / 255
+    return (images - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+
+
 def lr_wd_schedules(o: OptimConfig, base_lr: float, total_steps: int, warmup_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-step learning rate (warm-up, then cosine to ``min_lr`` or constant) and weight decay (cosine).
 
@@ -207,7 +265,9 @@ def run_warnings(cfg: Config, total_steps: int, warmup: int) -> list[str]:
 
 
 def validate(cfg: Config) -> None:
-    """Checks that need no data: run them before any work so bad configs fail fast."""
+    """Checks that need no data: run them before any work so bad configs fail fast (every stage's, for stages)."""
+    for stage in stage_configs(cfg):
+        validate(stage.cfg)
     method_config(cfg.method)
     if cfg.model.backbone not in BACKBONES:
         raise ConfigError(f"bad value for model.backbone: {cfg.model.backbone!r}; allowed values: {', '.join(BACKBONES)}")
@@ -339,8 +399,9 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(exist_ok=True)
-    keys = [k for k in (rows[0].keys() if rows else []) if k not in ("step", "epoch")]
-    keys += [k for r in rows for k in r if k not in keys and k not in ("step", "epoch")]
+    skip = ("step", "epoch", "stage")
+    keys = [k for k in (rows[0].keys() if rows else []) if k not in skip]
+    keys += [k for r in rows for k in r if k not in keys and k not in skip]
     for key in dict.fromkeys(keys):
         points = [(int(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
         if len(points) < 2:
@@ -467,24 +528,37 @@ def unhealthy(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
 def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     """Pretrain ``cfg.method`` and export the backbone into ``cfg.trainer.out``; resumes an existing run.
 
-    ``allow_optim_change``: resume even though ``optim.*`` settings differ from the run's (e.g. a
-    lower lr after a divergence); each change is logged and appended to ``config_changes.log``.
+    A config with ``stages`` runs them one after the other (:func:`train_stages`). ``allow_optim_change``:
+    resume even though ``optim.*`` settings differ from the run's (e.g. a lower lr after a divergence); each
+    change is logged and appended to ``config_changes.log``.
     """
     from lightning.fabric import Fabric
 
     validate(cfg)
     t = cfg.trainer
-    run_dir = Path(t.out)
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
-
     accelerator = "cuda" if t.accelerator == "gpu" else t.accelerator
     fabric = Fabric(accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
                     precision=t.precision)
     fabric.launch()
-    is_main = fabric.global_rank == 0
-    if is_main:
+    if fabric.global_rank == 0:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if cfg.stages:
+        train_stages(fabric, cfg, allow_optim_change)
+    else:
+        train(fabric, cfg, allow_optim_change)
+    fabric.barrier()  # every process leaves together: none tears down gloo while another still exports
+    return Path(t.out)
+
+
+def train(fabric: Any, cfg: Config, allow_optim_change: bool = False, carried: dict[str, torch.Tensor] | None = None,
+          stage: str | None = None) -> None:
+    """One stage: train ``cfg.method`` for ``cfg.trainer``'s steps into ``cfg.trainer.out`` (resuming its checkpoint),
+    then export the backbone. ``carried``: a method state to start from (the previous stage's), matched by name."""
+    t = cfg.trainer
+    run_dir = Path(t.out)
+    is_main = fabric.global_rank == 0
 
     # Resume bookkeeping (config compatibility is checked before touching the data).
     ckpt_path = run_dir / CHECKPOINT
@@ -509,13 +583,16 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
 
     # Model, optimiser, schedules.
     params, method = build_model(cfg, channels, image_size, schedule_steps)
+    if state is None and carried is not None:
+        carry_over(method, carried, log_to=log if is_main else None)
+    freeze(online_encoder(method), cfg.model.freeze)
     if fabric.world_size > 1 and t.sync_batchnorm:
         if fabric.device.type == "cuda":
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         elif is_main:  # torch's SyncBatchNorm is CUDA-only
             log.warning("SyncBatchNorm needs CUDA; on %s each process normalises with its own batch statistics",
                         fabric.device.type)
-    optimizer = build_optimizer(method, cfg.optim)
+    optimizer = build_optimizer(method, cfg.optim, online_encoder(method))
     o = cfg.optim
     base_lr = o.lr * (t.batch_size / 256 if o.lr_scaling == "linear" else 1.0)
     warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
@@ -622,8 +699,8 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                         checkpoint(step)
                     raise
                 for group in optimizer.param_groups:
-                    group["lr"] = float(lr_schedule[step])
-                    group["weight_decay"] = float(wd_schedule[step]) if group["apply_weight_decay"] else 0.0
+                    group["lr"] = float(lr_schedule[step]) * group["lr_scale"]
+                    group["weight_decay"] = float(wd_schedule[step]) * group["wd_scale"]
 
                 out = method(views)
                 finite = bool(torch.isfinite(out.loss))
@@ -647,7 +724,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
                 unreadable = (reduced(step_views.unreadable, torch.distributed.ReduceOp.SUM)
                               if log_now and step_views.streamed else None)
                 if is_main and (log_now or collapse_now or knn_now):
-                    row: dict[str, Any] = {"step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
+                    row: dict[str, Any] = {**({"stage": stage} if stage else {}), "step": step, "epoch": round(step / sampler.steps_per_epoch, 3),
                                            "lr": float(lr_schedule[step - 1]), "loss": out.loss.item(),
                                            **{k: float(v) for k, v in out.terms.items()},
                                            "images_per_s": round(window_images / max(window_seconds, 1e-9), 1),
@@ -684,10 +761,66 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
         plot_metrics(metrics.rows, run_dir / "plots")
         spectra.plot(run_dir / "plots" / "eigenspectrum.png")
         if hasattr(raw_method, "plot"):
-            raw_method.plot(run_dir / "plots", metrics.rows)
+            raw_method.plot(run_dir / "plots", metrics.rows, sample_images(cfg, data, channels, image_size, mean, std))
         log.info("done: %d steps; backbone exported to %s", step, run_dir / "backbone.safetensors")
-    fabric.barrier()  # every process leaves together: none tears down gloo while another still exports
-    return run_dir
+
+
+def train_stages(fabric: Any, cfg: Config, allow_optim_change: bool = False) -> None:
+    """Run ``cfg.stages`` in order into ``RUN_DIR/stages/<i>_<name>/``, each a full run (checkpoint, metrics, plots,
+    exported backbone) that starts from the previous stage's weights; then export the last stage's backbone into
+    ``RUN_DIR`` and write all stages' rows, with their ``stage``, into ``RUN_DIR/metrics.csv``.
+
+    A stage whose backbone is exported is done and skipped, so a killed run resumes inside the stage it was in.
+    """
+    run_dir, is_main = Path(cfg.trainer.out), fabric.global_rank == 0
+    saved = run_dir / "config.yaml"
+    if saved.is_file() and (run_dir / "stages").is_dir():
+        import yaml
+
+        check_resume_compatible(yaml.safe_load(saved.read_text()), to_dict(cfg), run_dir,
+                                allowed=("optim", "stages") if allow_optim_change else ())
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, saved)
+    carried, rows, done = None, [], []
+    for number, stage in enumerate(stage_configs(cfg), start=1):
+        stage_dir = Path(stage.cfg.trainer.out)
+        if stage.init_from is not None:
+            carried = run_weights(Path(stage.init_from))
+        if (stage_dir / "backbone.json").is_file():
+            if is_main:
+                log.info("stage %d (%s) is done: %s", number, stage.name, stage_dir)
+        else:
+            if is_main:
+                log.info("stage %d of %d: %s (%s)", number, len(cfg.stages), stage.name, stage.cfg.method["name"])
+            train(fabric, stage.cfg, allow_optim_change, carried=carried, stage=stage.name)
+            fabric.barrier()
+        carried = load_checkpoint(stage_dir / CHECKPOINT)["model"]
+        rows += MetricsLog(stage_dir / "metrics.csv", resume_step=1 << 62).rows
+        done.append({"stage": stage.name, **{k: v for k, v in json.loads((stage_dir / "backbone.json").read_text()).items()
+                                              if k in ("method", "steps", "train_time_s", "cpu_time_s")}})
+    if is_main:
+        metrics = MetricsLog(run_dir / "metrics.csv", 0)
+        metrics.rows = rows
+        metrics.flush()
+        meta = json.loads((stage_dir / "backbone.json").read_text())
+        meta.update(stages=done, train_time_s=round(sum(d["train_time_s"] for d in done), 2),
+                    cpu_time_s=round(sum(d["cpu_time_s"] for d in done), 2))
+        shutil.copyfile(stage_dir / "backbone.safetensors", run_dir / "backbone.safetensors.tmp")
+        (run_dir / "backbone.safetensors.tmp").replace(run_dir / "backbone.safetensors")
+        atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
+        log.info("done: %d stages; the last one's backbone exported to %s", len(done), run_dir / "backbone.safetensors")
+
+
+def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """``init_from``: the method weights of a finished run (its checkpoint; a staged run's last stage)."""
+    candidates = [run_dir / CHECKPOINT, *sorted((run_dir / "stages").glob(f"*/{CHECKPOINT}"),
+                                              key=lambda p: int(p.parent.name.split("_")[0]))[-1:]]
+    for path in candidates:
+        if path.is_file():
+            return load_checkpoint(path)["model"]
+    raise ConfigError(f"init_from: {run_dir} holds no {CHECKPOINT} (nor stages/*/{CHECKPOINT}); point it at the run "
+                      "directory of a finished `selfsup pretrain`")
 
 
 def build_knn_monitor(cfg: Config, data: ImageData | StreamedSplit, mean: list[float], std: list[float],

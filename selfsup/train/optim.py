@@ -2,29 +2,67 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 from selfsup.config import OptimConfig
 
 
-def parameter_groups(model: nn.Module) -> list[dict]:
-    """Two groups: weights with decay, and biases / norm parameters / 1-D tensors / prototypes without.
+_BLOCK = re.compile(r"(?:^|\.)(?:blocks|layer)\.?(\d+)\.")
+_FIRST = ("stem", "patch_embed", "cls_token", "pos_embed", "conv_stem")
 
-    A parameter opts out of weight decay with the attribute ``_no_weight_decay = True``. LARS also
-    skips its trust-ratio adaptation on the no-decay group (as in BYOL and VICReg).
+
+def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
+    """Each parameter's layer for the lr decay, and the number of blocks/stages L.
+
+    ViT ``blocks.i`` -> i + 1 and ResNet ``layer<s>`` -> s (stages count from 1); the stem, patch
+    embedding, [CLS] and position embeddings -> 0; everything after the blocks -> L + 1.
     """
-    decay, no_decay = [], []
+    found: dict[str, int] = {}
+    for name, _ in backbone.named_parameters():
+        match = _BLOCK.search("." + name)
+        if match:
+            found[name] = int(match.group(1)) + (1 if name.startswith("blocks") or ".blocks." in name else 0)
+    num_layers = max(found.values(), default=0)
+    ids = {}
+    for name, _ in backbone.named_parameters():
+        if name in found:
+            ids[name] = found[name]
+        elif name.split(".")[0] in _FIRST:
+            ids[name] = 0
+        else:
+            ids[name] = num_layers + 1
+    return ids, num_layers
+
+
+def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_decay: float = 1.0,
+                     head_lr_scale: float = 1.0, head_wd_scale: float = 1.0) -> list[dict]:
+    """Trainable parameters grouped by lr scale and weight decay; frozen ones (``requires_grad=False``) get none.
+
+    Biases, norm parameters, 1-D tensors and parameters marked ``_no_weight_decay = True`` get no weight decay;
+    LARS skips its trust ratio on them too (as in BYOL and VICReg). Parameters of ``encoder`` in layer l of L
+    (:func:`layer_ids`) get ``lr_scale = layer_decay^(L + 1 - l)``; parameters outside it (the heads) get
+    ``head_lr_scale`` and ``head_wd_scale``. The engine sets each group's lr and weight decay per step as the
+    schedule's value times these scales.
+    """
+    ids, num_layers = layer_ids(encoder) if encoder is not None else ({}, 0)
+    encoder_params = {id(p): name for name, p in encoder.named_parameters()} if encoder is not None else {}
+    groups: dict[tuple[float, float, bool], list[nn.Parameter]] = {}
     for param in model.parameters():
         if not param.requires_grad:
             continue
-        if param.ndim <= 1 or getattr(param, "_no_weight_decay", False):
-            no_decay.append(param)
+        decayed = not (param.ndim <= 1 or getattr(param, "_no_weight_decay", False))
+        name = encoder_params.get(id(param))
+        if name is not None:
+            lr_scale, wd_scale = layer_decay ** (num_layers + 1 - ids[name]), 1.0
         else:
-            decay.append(param)
-    groups = [{"params": decay, "apply_weight_decay": True, "apply_lars": True},
-              {"params": no_decay, "apply_weight_decay": False, "apply_lars": False, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+            lr_scale, wd_scale = (head_lr_scale, head_wd_scale) if encoder is not None else (1.0, 1.0)
+        groups.setdefault((lr_scale, wd_scale, decayed), []).append(param)
+    return [{"params": params, "lr_scale": lr_scale, "wd_scale": wd_scale if decayed else 0.0,
+             "apply_weight_decay": decayed, "apply_lars": decayed, **({} if decayed else {"weight_decay": 0.0})}
+            for (lr_scale, wd_scale, decayed), params in sorted(groups.items(), key=lambda item: (-item[0][0], -item[0][2]))]
 
 
 class LARS(torch.optim.Optimizer):
@@ -58,9 +96,13 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The configured optimiser; learning rate and weight decay are set per step by the engine."""
-    groups = parameter_groups(model)
+def build_optimizer(model: nn.Module, cfg: OptimConfig, encoder: nn.Module | None = None) -> torch.optim.Optimizer:
+    """The configured optimiser; learning rate and weight decay are set per step by the engine (times each group's
+    ``lr_scale`` / ``wd_scale``: layer-wise decay in ``encoder``, the heads' own lr and weight decay)."""
+    head_lr = cfg.lr if cfg.head_lr is None else cfg.head_lr
+    head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
+    groups = parameter_groups(model, encoder, cfg.layer_decay, head_lr / cfg.lr,
+                              head_wd / cfg.weight_decay if cfg.weight_decay else 0.0)
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
     if cfg.name == "adam":  # L2 penalty added to the gradient, as torch.optim.Adam does

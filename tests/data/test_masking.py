@@ -145,3 +145,20 @@ def test_keep_to_mask_rejects_bad_indices() -> None:
         keep_to_mask(torch.tensor([[0, 4]]), 4)
     with pytest.raises(ValueError, match="integer"):
         keep_to_mask(torch.tensor([[0.0, 1.0]]), 4)
+
+
+def test_unshuffle_puts_the_kept_tokens_back_at_their_positions() -> None:
+    from selfsup.data.masking import unshuffle
+
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randn(3, 10, 4, generator=g)  # every position's own token
+    keep = random_keep_indices(3, 10, 0.6, generator=g)
+    kept = torch.gather(tokens, 1, keep.unsqueeze(-1).expand(-1, -1, 4))  # what the encoder saw, in keep order
+    fill = torch.full((4,), -7.0)
+    full = unshuffle(kept, keep, 10, fill)
+    hidden = keep_to_mask(keep, 10)
+    assert torch.equal(full[~hidden], tokens[~hidden])
+    assert (full[hidden] == -7.0).all()
+    shuffled = keep[:, torch.randperm(keep.shape[1], generator=g)]  # any order of the kept indices
+    kept = torch.gather(tokens, 1, shuffled.unsqueeze(-1).expand(-1, -1, 4))
+    assert torch.equal(unshuffle(kept, shuffled, 10, fill), full)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from selfsup.cli import main
-from selfsup.eval.finetune import labelled_subset, layer_ids
+from selfsup.eval.finetune import labelled_subset
+from selfsup.train.optim import layer_ids
 from selfsup.models import build_backbone
 
 

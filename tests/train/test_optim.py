@@ -101,3 +101,26 @@ def test_build_optimizer(name: str, cls: type) -> None:
     loss.backward()
     opt.step()
     assert not torch.equal(before, net.fc.weight.detach())
+
+
+def test_layer_decay_groups_scale_each_block_and_the_heads_have_their_own_lr_and_wd() -> None:
+    from selfsup.models.vit import VisionTransformer
+
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=4, num_heads=2)
+    model = nn.ModuleDict({"encoder": vit, "head": nn.Linear(8, 3)})
+    vit.freeze_blocks(2)  # MAE-CT: the lower half frozen, so it gets no group at all
+    groups = parameter_groups(model, vit, layer_decay=0.65, head_lr_scale=2.0, head_wd_scale=0.5)
+    scale = {id(p): (g["lr_scale"], g["wd_scale"]) for g in groups for p in g["params"]}
+    for name, p in vit.named_parameters():
+        if name.startswith(("blocks.0.", "blocks.1.", "patch_embed", "cls_token")):
+            assert id(p) not in scale, name
+        elif name.startswith("blocks."):
+            b = int(name.split(".")[1])
+            assert scale[id(p)] == (pytest.approx(0.65 ** (4 - b)), 1.0 if p.ndim > 1 else 0.0), name
+        else:  # the final LayerNorm: scale 1, no weight decay
+            assert scale[id(p)] == (1.0, 0.0), name
+    assert scale[id(model["head"].weight)] == (2.0, 0.5) and scale[id(model["head"].bias)] == (2.0, 0.0)
+    # without an encoder: one lr scale, the usual decay / no-decay split
+    plain = parameter_groups(model)
+    assert [(g["lr_scale"], g["apply_weight_decay"]) for g in plain] == [(1.0, True), (1.0, False)]

@@ -1,0 +1,167 @@
+"""MAE, masked autoencoders (He et al. 2022, arXiv 2111.06377): the ViT encoder sees a random 25 % of the patches;
+a light decoder fills the rest with a shared mask token, un-shuffles, and regresses the masked patches' pixels.
+
+One step (MAE Sec. 3; MAE-CT App. A.1 uses the same with two views per image)::
+
+    keep   = random 25 % of the N patch indices per image              # uniform, without replacement
+    latent = encoder(x, keep)                                          # (B, 1 + K, D): [CLS] + kept tokens only
+    tokens = unshuffle(embed(latent), keep, fill=mask_token) + pos      # (B, N, D_dec), grid order restored
+    x_hat  = head(decoder_blocks([CLS; tokens]))                        # (B, N, p * p * C)
+    loss   = mean over masked patches of mean_pixels (x_hat - norm(patchify(x)))^2
+
+The decoder is thrown away; the exported backbone is the encoder (pool: ``model.params.pool``, or
+``method.eval_pool``: MAE-CT evaluates ViT-B on the mean patch token, larger ViTs on [CLS]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from selfsup.config import ConfigError
+from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
+from selfsup.losses.mae import mae_loss, patchify, unpatchify
+from selfsup.methods.base import StepOutput, check_values
+from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
+
+
+@dataclass
+class MAEConfig:
+    mask_ratio: float = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
+    decoder_dim: int = 512  # the authors' decoder: 8 blocks of width 512, 16 heads (MAE Sec. 4; MAE-CT's yamls)
+    decoder_depth: int = 8
+    decoder_heads: int = 16
+    decoder_mlp_ratio: float = 4.0
+    norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE Tab. 1d)
+    eval_pool: Literal["cls", "mean"] | None = None  # exported feature; None = model.params.pool
+
+    def __post_init__(self) -> None:
+        checks = {"mask_ratio": 0 <= self.mask_ratio < 1, "decoder_dim": self.decoder_dim >= 4 and self.decoder_dim % 4 == 0,
+                  "decoder_depth": self.decoder_depth >= 1,
+                  "decoder_heads": self.decoder_heads >= 1 and self.decoder_dim % self.decoder_heads == 0,
+                  "decoder_mlp_ratio": self.decoder_mlp_ratio > 0, "eval_pool": self.eval_pool in (None, "cls", "mean")}
+        allowed = {"mask_ratio": "in [0, 1), e.g. 0.75", "decoder_dim": "a multiple of 4 (sin-cos positions), e.g. 512",
+                   "decoder_depth": ">= 1", "decoder_heads": "a divisor of method.decoder_dim",
+                   "decoder_mlp_ratio": "> 0", "eval_pool": "null, cls or mean"}
+        check_values(self, checks, allowed)
+
+
+class MAEDecoder(nn.Module):
+    """Linear(D -> D_dec), mask tokens + un-shuffle, fixed sin-cos positions, blocks, LayerNorm, Linear(-> p*p*C)."""
+
+    def __init__(self, encoder: VisionTransformer, cfg: MAEConfig) -> None:
+        super().__init__()
+        d = cfg.decoder_dim
+        self.grid = encoder.grid_size
+        self.embed = nn.Linear(encoder.embed_dim, d)
+        self.mask_token = nn.Parameter(torch.zeros(d))
+        self.register_buffer("pos_embed", sincos_pos_embed_2d(d, *self.grid).unsqueeze(0), persistent=False)
+        self.blocks = nn.ModuleList(Block(d, cfg.decoder_heads, cfg.decoder_mlp_ratio, True, 0.0, 1e-6)
+                                    for _ in range(cfg.decoder_depth))
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.head = nn.Linear(d, encoder.patch_size ** 2 * encoder.in_channels)
+        for m in self.modules():  # the encoder's init (MAE: xavier-uniform Linear; here trunc-normal 0.02 as our ViT)
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.mask_token, std=0.02)
+
+    def forward(self, latent: torch.Tensor, keep: torch.Tensor, has_cls: bool) -> torch.Tensor:
+        x = self.embed(latent)
+        cls, kept = (x[:, :1], x[:, 1:]) if has_cls else (None, x)
+        tokens = unshuffle(kept, keep, self.grid[0] * self.grid[1], self.mask_token) + self.pos_embed.to(x.dtype)
+        if cls is not None:
+            tokens = torch.cat([cls, tokens], dim=1)
+        for block in self.blocks:
+            tokens = block(tokens)
+        out = self.head(self.norm(tokens))
+        return out[:, 1:] if cls is not None else out
+
+
+class MAE(nn.Module):
+    """Encoder on the visible patches + decoder regressing the masked ones."""
+
+    Config = MAEConfig
+
+    def __init__(self, backbone: nn.Module, cfg: MAEConfig, total_steps: int) -> None:
+        super().__init__()
+        if not isinstance(backbone, VisionTransformer) or backbone.class_attention or backbone.pool == "cls_prenorm":
+            raise ConfigError("MAE drops patch tokens and needs a ViT backbone without class-attention blocks "
+                              "(model.backbone vit_laptop, vit_tiny, vit_small, vit_base or vit_custom) whose "
+                              "model.params.pool is cls or mean")
+        self.cfg = cfg
+        self.encoder = backbone
+        self.decoder = MAEDecoder(backbone, cfg)
+        self.export_params = {"pool": cfg.eval_pool or backbone.pool}
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.encoder
+
+    def reconstruct(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(prediction (B, N, p*p*C), target patches (B, N, p*p*C), masked (B, N) bool)`` for one masking."""
+        grid = self.encoder.grid_for(x.shape[2], x.shape[3])
+        if grid != self.decoder.grid:
+            raise ValueError(f"MAE reconstructs the {self.decoder.grid} patch grid of the training size; got images "
+                             f"of {x.shape[2]}x{x.shape[3]} (set the views' size to data.image_size)")
+        patches = grid[0] * grid[1]
+        keep = random_keep_indices(len(x), patches, self.cfg.mask_ratio, device=x.device)
+        latent = self.encoder.forward_tokens(x, keep)
+        prediction = self.decoder(latent, keep, has_cls=self.encoder.cls_token is not None)
+        return prediction, patchify(x, self.encoder.patch_size), keep_to_mask(keep, patches)
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        losses = []
+        for view in views:  # one view (MAE) or two (MAE-CT's re-implementation), each masked independently
+            prediction, target, masked = self.reconstruct(view)
+            losses.append(mae_loss(prediction, target, masked, self.cfg.norm_pix_loss))
+        return StepOutput(torch.stack(losses).mean())
+
+    @torch.no_grad()
+    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
+        """``mae_reconstruction.png``: original / masked / reconstruction of a few evaluation images (MAE Fig. 2).
+
+        With normalised-pixel targets the prediction is mapped back with each patch's true mean and std, as the
+        authors' visualisation does; visible patches are pasted from the original."""
+        if samples is None or not len(samples):
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        was_training = self.training
+        self.eval()
+        x = samples.to(next(self.parameters()).device)
+        torch.manual_seed(0)
+        prediction, target, masked = self.reconstruct(x)
+        self.train(was_training)
+        if self.cfg.norm_pix_loss:
+            mean, std = target.mean(-1, keepdim=True), (target.var(-1, keepdim=True) + 1e-6).sqrt()
+            prediction = prediction * std + mean
+        hidden = masked.unsqueeze(-1)
+        p, c, grid = self.encoder.patch_size, x.shape[1], self.decoder.grid
+        low, high = float(x.amin()), float(x.amax())
+        shown = [x, unpatchify(target.masked_fill(hidden, (low + high) / 2), p, c, grid),  # masked patches grey
+                 unpatchify(torch.where(hidden, prediction, target), p, c, grid).clamp(low, high)]
+        fig, axes = plt.subplots(3, len(x), figsize=(1.3 * len(x), 4.2), squeeze=False)
+        for row, (images, title) in enumerate(zip(shown, ("original", f"masked {self.cfg.mask_ratio:.0%}",
+                                                           "reconstruction"))):
+            for col in range(len(x)):
+                image = images[col].float().cpu().permute(1, 2, 0).numpy()
+                ax = axes[row][col]
+                ax.imshow(image[..., 0] if c == 1 else (image - low) / (high - low), cmap="gray", vmin=low, vmax=high)
+                ax.set_xticks([])
+                ax.set_yticks([])
+            axes[row][0].set_ylabel(title, fontsize=8)
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out_dir / "mae_reconstruction.png", dpi=110)
+        plt.close(fig)
+
+
+__all__ = ["MAE", "MAEConfig", "MAEDecoder"]

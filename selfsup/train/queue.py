@@ -1,0 +1,46 @@
+"""A FIFO support set of past embeddings and its nearest-neighbour lookup (NNCLR, Dwibedi et al. 2021; MAE-CT's
+top-k variant, Lehner et al. 2023, Eq. 1). One implementation for every method that keeps a queue."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from selfsup.train.distributed import gather_no_grad
+
+
+class FeatureQueue(nn.Module):
+    """``size`` unit vectors of width ``dim`` (buffers, so checkpoints and stages carry them), oldest overwritten first.
+
+    It starts as random unit vectors (the MAE-CT code): until it has cycled once, some neighbours are random.
+    """
+
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        if size < 1 or dim < 1:
+            raise ValueError(f"a queue needs size >= 1 and dim >= 1, got size={size}, dim={dim}")
+        self.register_buffer("features", F.normalize(torch.randn(size, dim), dim=1))
+        self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def nearest(self, z: torch.Tensor, k: int = 1) -> torch.Tensor:
+        """For each row of ``z`` (unit vectors), a queue entry drawn uniformly among its ``k`` most cosine-similar
+        ones (k = 1: the nearest neighbour). Constants: no gradient flows through the lookup."""
+        if not 1 <= k <= len(self.features):
+            raise ValueError(f"top-k lookup needs 1 <= k <= queue size {len(self.features)}, got k={k}")
+        candidates = (z.detach() @ self.features.t()).topk(k, dim=1).indices  # (B, k)
+        pick = torch.randint(0, k, (len(z),), device=z.device)
+        return self.features[candidates[torch.arange(len(z), device=z.device), pick]]
+
+    @torch.no_grad()
+    def push(self, z: torch.Tensor) -> None:
+        """Write the rows of ``z`` from every process (all-gathered, in rank order) over the oldest entries."""
+        z = F.normalize(gather_no_grad(z).to(self.features.dtype), dim=1)
+        size, n = len(self.features), len(z)
+        if size % n:
+            raise ValueError(f"the queue size {size} must be a multiple of the global batch {n} (the MAE-CT code's "
+                             f"assertion), e.g. {max(1, size // n) * n}")
+        start = int(self.pointer)
+        self.features[start:start + n] = z
+        self.pointer.fill_((start + n) % size)

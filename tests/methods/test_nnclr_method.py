@@ -1,0 +1,146 @@
+"""NNCLR / MAE-CT heads: the loss, gradient routing, per-view BatchNorm, EMA copies, DDP equivalence."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_utils import run_ddp
+from selfsup.config import ConfigError
+from selfsup.losses.infonce import info_nce_loss
+from selfsup.methods.nnclr import NNCLR, NNCLRConfig
+from selfsup.models.vit import VisionTransformer
+from selfsup.train.engine import freeze
+
+
+def _vit() -> VisionTransformer:
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=16, depth=4, num_heads=2, pool="mean")
+
+
+def _method(**kwargs) -> NNCLR:
+    cfg = NNCLRConfig(**{"projector": [32, 32, 8], "predictor": [16, 8], "queue_size": 16, "temperature": 0.15, **kwargs})
+    return NNCLR(_vit(), cfg, total_steps=10)
+
+
+@pytest.mark.parametrize("tau, expected", [(0.15, 0.0038106), (0.2, 0.0200123)])
+def test_infonce_toy_values_of_the_spec(tau: float, expected: float) -> None:
+    eye = torch.eye(4, dtype=torch.float64)
+    assert abs(float(info_nce_loss(eye, eye, tau, key_gradient=True)) - expected) < 1e-6
+    assert abs(float(info_nce_loss(eye, eye, tau, key_gradient=True)) - math.log(1 + 3 * math.exp(-1 / tau))) < 1e-12
+    same = torch.ones(4, 3, dtype=torch.float64)
+    assert abs(float(info_nce_loss(same, same, tau, key_gradient=True)) - math.log(4)) < 1e-12
+
+
+def test_step_is_the_symmetric_loss_of_neighbours_against_the_other_views_predictions() -> None:
+    method = _method()
+    x1, x2 = torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)
+    queue_before = method.queue.features.clone()
+    out = method([x1, x2])
+    with torch.no_grad():
+        y = [method.encoder(x) for x in (x1, x2)]
+        z = [F.normalize(method.projector(yi), dim=1) for yi in y]  # train-mode BN: per-view batch statistics
+        p = [method.predictor(method.projector(yi)) for yi in y]
+        nn1, nn2 = (queue_before[(zi @ queue_before.t()).argmax(1)] for zi in z)
+        by_hand = 0.5 * (F.cross_entropy(nn1 @ F.normalize(p[1], dim=1).t() / 0.15, torch.arange(8))
+                         + F.cross_entropy(nn2 @ F.normalize(p[0], dim=1).t() / 0.15, torch.arange(8)))
+    torch.testing.assert_close(out.loss.detach(), by_hand)
+    assert torch.equal(method.queue.features, queue_before)  # view 1 enters the queue after the step
+    method.after_step(0)
+    torch.testing.assert_close(method.queue.features[:8], z[0])
+
+
+def test_gradients_reach_the_heads_and_trainable_blocks_only() -> None:
+    method = _method(projector_momentum=0.9, encoder_momentum=0.99)
+    freeze(method.encoder, 2)
+    method([torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)]).loss.backward()
+    for name, p in method.named_parameters():
+        frozen = name.startswith(("encoder.patch_embed", "encoder.cls_token", "encoder.blocks.0.", "encoder.blocks.1."))
+        if name.startswith(("projector_ema", "encoder_ema")) or frozen:
+            assert p.grad is None, name
+        elif name.startswith(("projector.", "predictor.", "encoder.blocks.3.")):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert all(not b.requires_grad for b in method.queue.buffers())
+
+
+def test_batchnorm_statistics_are_per_view() -> None:
+    method = _method()
+    x1 = torch.randn(8, 1, 8, 8)
+    torch.manual_seed(1)
+    first = method.projector(method.encoder(x1))
+    method([x1, torch.randn(8, 1, 8, 8) * 5])  # another second view
+    torch.testing.assert_close(method.projector(method.encoder(x1)), first)  # BN's output: this view's batch only
+
+
+def test_ema_copies_restart_from_carried_weights_and_follow_the_ema_formula() -> None:
+    method = _method(projector_momentum=0.5, encoder_momentum=0.9)
+    with torch.no_grad():
+        for p in [*method.encoder.parameters(), *method.projector.parameters()]:
+            p.add_(1.0)  # as if weights were carried over from the previous stage
+    method.after_carry_over()
+    for ema, online in ((method.encoder_ema.module, method.encoder), (method.projector_ema.module, method.projector)):
+        assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), online.parameters()))
+    assert method.backbone is method.encoder_ema.module
+    before = [p.clone() for p in method.encoder_ema.module.parameters()]
+    with torch.no_grad():
+        for p in method.encoder.parameters():
+            p.add_(2.0)
+    method.after_step(0)
+    for b, e, s in zip(before, method.encoder_ema.module.parameters(), method.encoder.parameters()):
+        torch.testing.assert_close(e, 0.9 * b + 0.1 * s)
+    plain = _method()
+    assert plain.backbone is plain.encoder and plain.projector_ema is None
+
+
+def test_bad_settings_name_the_key() -> None:
+    for key, value in [("topk", 0), ("temperature", 0.0), ("projector_momentum", 1.5), ("queue_size", 0)]:
+        with pytest.raises(ConfigError, match=f"method.{key}"):
+            NNCLRConfig(**{key: value})
+    with pytest.raises(ConfigError, match="method.predictor"):
+        NNCLRConfig(projector=[8, 8], predictor=[8, 4])
+    assert NNCLRConfig(queue_size=1000).warnings(100) == []
+    assert "not a multiple" in NNCLRConfig(queue_size=1000).warnings(96)[0]
+
+
+# ------------------------------------------------------------------------------- DDP
+IN, OUT, BATCH = 6, 5, 8
+
+
+def _ddp_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, BATCH, IN, generator=g, dtype=torch.float64)  # two views' features
+    neighbours = F.normalize(torch.randn(2, BATCH, OUT, generator=g, dtype=torch.float64), dim=-1)  # constants
+    linear = nn.Linear(IN, OUT).double()
+    return x, neighbours, {k: v.clone() for k, v in linear.state_dict().items()}
+
+
+def _loss(model, x, neighbours):
+    p = [model(x[0]), model(x[1])]
+    return 0.5 * (info_nce_loss(neighbours[0], p[1], 0.15, key_gradient=True)
+                  + info_nce_loss(neighbours[1], p[0], 0.15, key_gradient=True))
+
+
+def _ddp_rank(rank: int, world: int, x, neighbours, state) -> dict:
+    local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    model = nn.Linear(IN, OUT).double()
+    model.load_state_dict(state)
+    ddp = DistributedDataParallel(model)
+    _loss(ddp, x[:, local], neighbours[:, local]).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_infonce_with_gathered_predictions_in_two_gloo_processes_equals_one_process() -> None:
+    x, neighbours, state = _ddp_inputs()
+    results = run_ddp(_ddp_rank, 2, x, neighbours, state)
+    model = nn.Linear(IN, OUT).double()
+    model.load_state_dict(state)
+    _loss(model, x, neighbours).backward()
+    assert model.weight.grad.abs().max() > 1e-3
+    for rank, grads in enumerate(results):
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-10, atol=1e-12, msg=f"rank {rank} {name}")

@@ -1,0 +1,144 @@
+"""Staged runs (MAE-CT: MAE -> head initialisation on the frozen encoder -> contrastive tuning), through the CLI:
+stage directories, carried weights, frozen parts, the stage column, and a kill in stage 3 resumed exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from selfsup.cli import main
+from selfsup.config import ConfigError, load_config, stage_configs
+from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, cli, finish
+
+VIEWS2 = "[{preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}]"
+HEADS = "projector: [32, 32, 8], predictor: [16, 8], queue_size: 128, temperature: 0.15"
+STAGED = f"""
+method: {{name: mae, mask_ratio: 0.75, decoder_dim: 16, decoder_depth: 1, decoder_heads: 2}}
+data: {{dataset: digits}}
+views: [{{preset: minimal, num: 1, params: {{crop_scale: [0.5, 1.0]}}}}]
+model: {{backbone: vit_custom, params: {{patch_size: 2, embed_dim: 16, depth: 2, num_heads: 2, pool: mean}}}}
+optim: {{name: adamw, lr: 0.002, warmup_fraction: 0.1, weight_decay: 0.05}}
+trainer: {{max_steps: 6, batch_size: 64, log_every_steps: 2, checkpoint_every_steps: 2, progress: false}}
+monitor: {{collapse_every_steps: 0}}
+eval: {{linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}}
+stages:
+  - {{name: mae}}
+  - name: head
+    method: {{name: nnclr, {HEADS}}}
+    views: {VIEWS2}
+    model: {{freeze: all}}
+    trainer: {{max_steps: 4}}
+  - name: ct
+    method: {{name: nnclr, {HEADS}, topk: 3, projector_momentum: 0.9, encoder_momentum: 0.9}}
+    views: {VIEWS2}
+    model: {{freeze: 1}}
+    optim: {{layer_decay: 0.65, head_weight_decay: 1.0e-5}}
+    trainer: {{max_steps: 8}}
+"""
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "staged.yaml"
+    path.write_text(STAGED)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"]))
+    assert code == 0, err[-3000:]
+    return run
+
+
+def _model(stage_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(stage_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def test_stages_run_in_order_carry_weights_and_keep_frozen_parts(reference):
+    stages = reference / "stages"
+    assert sorted(p.name for p in stages.iterdir()) == ["1_mae", "2_head", "3_ct"]
+    mae, head, ct = (_model(stages / name) for name in ("1_mae", "2_head", "3_ct"))
+    encoder = [k for k in mae if k.startswith("encoder.")]
+    assert all(torch.equal(mae[k], head[k]) for k in encoder)  # stage 2: the whole encoder frozen
+    lower = [k for k in encoder if k.startswith(("encoder.patch_embed", "encoder.cls_token", "encoder.blocks.0."))]
+    upper = [k for k in encoder if k.startswith("encoder.blocks.1.")]
+    assert lower and all(torch.equal(head[k], ct[k]) for k in lower)  # stage 3: stem + lower half frozen
+    assert any(not torch.equal(head[k], ct[k]) for k in upper)
+    assert not torch.equal(head["queue.features"], ct["queue.features"])  # the queue moved on
+    # frozen parameters hold no optimiser state: stage 3's state covers exactly its trainable parameters
+    optimizer = torch.load(stages / "3_ct" / "checkpoints" / "last.pt", weights_only=True)["optimizer"]
+    trainable = {k for k in ct if k.startswith(("encoder.blocks.1.", "encoder.norm.", "projector.", "predictor."))
+                 and not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+    assert len(optimizer["state"]) == len(trainable)
+    scales = sorted({round(g["lr_scale"], 6) for g in optimizer["param_groups"]})
+    assert scales == [0.65, 1.0]  # block 1 of 2: 0.65^(2 - 1); final norm and heads 1
+    head_wd = [g["wd_scale"] for g in optimizer["param_groups"] if g["lr_scale"] == 1.0 and g["apply_weight_decay"]]
+    assert head_wd == [pytest.approx(1e-5 / 0.05)]  # the heads' own weight decay (the final norm has none)
+    # the run's backbone is stage 3's EMA encoder; metrics rows carry their stage
+    exported = load_file(reference / "backbone.safetensors")
+    assert all(torch.equal(exported[k], ct[f"encoder_ema.module.{k}"]) for k in exported)
+    meta = json.loads((reference / "backbone.json").read_text())
+    assert [s["stage"] for s in meta["stages"]] == ["mae", "head", "ct"] and meta["steps"] == 8
+    with (reference / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["stage"] for r in rows] == ["mae"] * 3 + ["head"] * 2 + ["ct"] * 4
+    assert (stages / "1_mae" / "plots" / "mae_reconstruction.png").is_file()
+
+
+def test_a_kill_in_stage_3_resumes_at_stage_3_exactly(config, reference, tmp_path, caplog):
+    run = tmp_path / "run"
+    # optimiser steps: 6 (mae) + 4 (head) + 3 in ct, then SIGINT inside the 13th step
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.replace("{k}", "13")))
+    assert code == 130, err[-3000:]
+    assert "stopped: SIGINT at step 3; checkpoint saved" in err
+    assert (run / "stages" / "2_head" / "backbone.json").is_file()
+    assert not (run / "stages" / "3_ct" / "backbone.json").exists() and not (run / "backbone.json").exists()
+    caplog.set_level(logging.INFO, logger="selfsup")
+    assert main(["pretrain", str(run)]) == 0
+    assert "stage 1 (mae) is done" in caplog.text and "stage 2 (head) is done" in caplog.text
+    a, b = _model(reference / "stages" / "3_ct"), _model(run / "stages" / "3_ct")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ref, resumed = load_file(reference / "backbone.safetensors"), load_file(run / "backbone.safetensors")
+    assert all(torch.equal(ref[k], resumed[k]) for k in ref)
+
+
+def test_init_from_starts_a_stage_from_another_runs_weights(reference, tmp_path, config):
+    text = config.read_text().replace("  - {name: mae}\n", "").replace(
+        "  - name: head\n", f"  - name: head\n    init_from: {reference / 'stages' / '1_mae'}\n")
+    path = tmp_path / "from_mae.yaml"
+    path.write_text(text)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(path), f"trainer.out={run}"]) == 0
+    mae, head = _model(reference / "stages" / "1_mae"), _model(run / "stages" / "1_head")
+    assert all(torch.equal(mae[k], head[k]) for k in mae if k.startswith("encoder."))
+    assert torch.equal(load_file(run / "stages" / "1_head" / "backbone.safetensors")["blocks.0.attn.qkv.weight"],
+                       mae["encoder.blocks.0.attn.qkv.weight"])
+
+
+def test_stage_config_errors_name_the_problem(tmp_path, config):
+    cfg = load_config(config)
+    assert [s.name for s in stage_configs(cfg)] == ["mae", "head", "ct"]
+    assert stage_configs(cfg)[2].cfg.trainer.max_steps == 8 and stage_configs(cfg)[2].cfg.model.freeze == 1
+    assert stage_configs(cfg)[0].cfg.trainer.out.endswith("stages/1_mae")
+    for bad, message in [("stages: [{name: a}, {name: a}]", "unique name"),
+                         ("stages: [{name: a, eval: {knn_k: 3}}]", "unknown key stages.0.eval"),
+                         ("stages: [{name: a, trainer: {devices: 2}}]", "trainer.devices cannot change per stage"),
+                         ("stages: [{name: a, optim: {lrr: 1}}]", "unknown config key 'optim.lrr'"),
+                         ("stages: [{name: a, init_from: 3}]", "init_from")]:
+        path = tmp_path / "bad.yaml"
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            stage_configs(load_config(path))
+    path.write_text("model: {backbone: resnet18, freeze: 1}\ndata: {dataset: digits}")
+    from selfsup.train.engine import pretrain
+
+    with pytest.raises(ConfigError, match="model.freeze=1 needs a ViT"):
+        pretrain(load_config(path, [f"trainer.out={tmp_path / 'r'}", "trainer.max_steps=1"]))
