@@ -142,3 +142,15 @@ def test_stage_config_errors_name_the_problem(tmp_path, config):
 
     with pytest.raises(ConfigError, match="model.freeze=1 needs a ViT"):
         pretrain(load_config(path, [f"trainer.out={tmp_path / 'r'}", "trainer.max_steps=1"]))
+
+
+def test_a_staged_run_on_two_gloo_processes(config, tmp_path):
+    """MAE, a frozen-encoder stage and a partly frozen one under DDP (frozen parameters and EMA copies are not
+    DDP parameters; the queue is pushed from both processes)."""
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.devices=2", "trainer.accelerator=cpu",
+                            "trainer.strategy=ddp"]))
+    assert code == 0, err[-3000:]
+    assert "cpu x2" in err and (run / "backbone.safetensors").is_file()
+    mae, ct = _model(run / "stages" / "1_mae"), _model(run / "stages" / "3_ct")
+    assert torch.equal(mae["encoder.blocks.0.attn.qkv.weight"], ct["encoder.blocks.0.attn.qkv.weight"])

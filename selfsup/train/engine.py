@@ -367,7 +367,7 @@ def record_config_changes(run_dir: Path, step: int, changes: list[str]) -> None:
 class MetricsLog:
     """``metrics.csv``: one row per logged step; columns grow as new metrics appear."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path, resume_step: float) -> None:
         self.path = path
         self.rows: list[dict[str, Any]] = []
         if path.is_file() and resume_step > 0:
@@ -771,6 +771,8 @@ def train_stages(fabric: Any, cfg: Config, allow_optim_change: bool = False) -> 
     ``RUN_DIR`` and write all stages' rows, with their ``stage``, into ``RUN_DIR/metrics.csv``.
 
     A stage whose backbone is exported is done and skipped, so a killed run resumes inside the stage it was in.
+    The run's config must be unchanged; with ``allow_optim_change`` the stage list may change too, and the stage
+    in progress accepts changes of its ``optim`` only (its own checkpoint's check, in :func:`train`).
     """
     run_dir, is_main = Path(cfg.trainer.out), fabric.global_rank == 0
     saved = run_dir / "config.yaml"
@@ -796,7 +798,7 @@ def train_stages(fabric: Any, cfg: Config, allow_optim_change: bool = False) -> 
             train(fabric, stage.cfg, allow_optim_change, carried=carried, stage=stage.name)
             fabric.barrier()
         carried = load_checkpoint(stage_dir / CHECKPOINT)["model"]
-        rows += MetricsLog(stage_dir / "metrics.csv", resume_step=1 << 62).rows
+        rows += MetricsLog(stage_dir / "metrics.csv", resume_step=math.inf).rows  # every row of the stage
         done.append({"stage": stage.name, **{k: v for k, v in json.loads((stage_dir / "backbone.json").read_text()).items()
                                               if k in ("method", "steps", "train_time_s", "cpu_time_s")}})
     if is_main:
