@@ -219,7 +219,7 @@ def sample_images(cfg: Config, data: ImageData | StreamedSplit, channels: int, i
     what the methods' pictures show (MAE's reconstructions)."""
     try:
         split = open_split(cfg.data, cfg.data.eval_split, image_size=image_size, channels=channels, progress=False)
-    except DataError:
+    except (DataError, OSError, ValueError):  # no evaluation split (e.g. an image folder without test/)
         split = data
     images = pixels_and_labels(split, torch.arange(min(count, len(split))))[0].float() / 255
     return (images - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
