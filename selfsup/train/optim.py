@@ -10,31 +10,22 @@ from torch import nn
 from selfsup.config import OptimConfig
 
 
-_BLOCK = re.compile(r"(?:^|\.)(?:blocks|layer)\.?(\d+)\.")
-_FIRST = ("stem", "patch_embed", "cls_token", "pos_embed", "conv_stem")
+_STAGE = re.compile(r"^layer(\d+)\.")
 
 
 def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
-    """Each parameter's layer for the lr decay, and the number of blocks/stages L.
+    """Each parameter's layer for the lr decay, and the number of blocks/stages L: the stem is 0, block or stage
+    i (counted from 1) is i, what follows them is L + 1.
 
-    ViT ``blocks.i`` -> i + 1 and ResNet ``layer<s>`` -> s (stages count from 1); the stem, patch
-    embedding, [CLS] and position embeddings -> 0; everything after the blocks -> L + 1.
+    A ViT names its own (:meth:`VisionTransformer.layer_id`: the late [CLS] of class-attention models belongs to
+    the pooling head, L + 1); a ResNet's ``layer<s>`` is stage s, its ``stem`` 0, anything else L + 1.
     """
-    found: dict[str, int] = {}
-    for name, _ in backbone.named_parameters():
-        match = _BLOCK.search("." + name)
-        if match:
-            found[name] = int(match.group(1)) + (1 if name.startswith("blocks") or ".blocks." in name else 0)
-    num_layers = max(found.values(), default=0)
-    ids = {}
-    for name, _ in backbone.named_parameters():
-        if name in found:
-            ids[name] = found[name]
-        elif name.split(".")[0] in _FIRST:
-            ids[name] = 0
-        else:
-            ids[name] = num_layers + 1
-    return ids, num_layers
+    names = [name for name, _ in backbone.named_parameters()]
+    if hasattr(backbone, "layer_id"):
+        return {name: backbone.layer_id(name) for name in names}, backbone.depth
+    stages = {name: int(m.group(1)) for name in names if (m := _STAGE.match(name))}
+    num_layers = max(stages.values(), default=0)
+    return {name: stages.get(name, 0 if name.startswith("stem.") else num_layers + 1) for name in names}, num_layers
 
 
 def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_decay: float = 1.0,
