@@ -15,7 +15,8 @@ The contract the engine relies on (no base class; methods compose shared pieces)
 - optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
   differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
 - optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
-  for this batch (logged when training starts).
+  for this batch (logged when training starts); optional ``Config.check_batch(global_batch)``: raise a
+  ConfigError for settings that cannot run with this batch (checked before any work).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from selfsup.config import ConfigError
 from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
 from selfsup.models.heads import mlp
@@ -56,11 +57,11 @@ class NNCLRConfig:
                    "encoder_momentum": "null or in [0, 1], e.g. 0.9999", "eval_pool": "null, cls or mean"}
         check_values(self, checks, allowed)
 
-    def warnings(self, global_batch: int) -> list[str]:
+    def check_batch(self, global_batch: int) -> None:
+        """Each step pushes the global batch: the queue must hold a whole number of batches (MAE-CT's assertion)."""
         if self.queue_size % global_batch:
-            return [f"method.queue_size={self.queue_size} is not a multiple of the global batch {global_batch}: the "
-                    f"first push will fail; use e.g. {max(1, self.queue_size // global_batch) * global_batch}"]
-        return []
+            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} is not a multiple of the global "
+                              f"batch {global_batch}; use e.g. {max(1, self.queue_size // global_batch) * global_batch}")
 
 
 class NNCLR(nn.Module):

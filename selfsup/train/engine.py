@@ -268,7 +268,9 @@ def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast (every stage's, for stages)."""
     for stage in stage_configs(cfg):
         validate(stage.cfg)
-    method_config(cfg.method)
+    _, method_cfg = method_config(cfg.method)
+    if hasattr(method_cfg, "check_batch"):
+        method_cfg.check_batch(cfg.trainer.batch_size)
     if cfg.model.backbone not in BACKBONES:
         raise ConfigError(f"bad value for model.backbone: {cfg.model.backbone!r}; allowed values: {', '.join(BACKBONES)}")
     try:

@@ -103,8 +103,9 @@ def test_bad_settings_name_the_key() -> None:
             NNCLRConfig(**{key: value})
     with pytest.raises(ConfigError, match="method.predictor"):
         NNCLRConfig(projector=[8, 8], predictor=[8, 4])
-    assert NNCLRConfig(queue_size=1000).warnings(100) == []
-    assert "not a multiple" in NNCLRConfig(queue_size=1000).warnings(96)[0]
+    NNCLRConfig(queue_size=1000).check_batch(100)
+    with pytest.raises(ConfigError, match="method.queue_size: 1000 is not a multiple of the global batch 96; use e.g. 960"):
+        NNCLRConfig(queue_size=1000).check_batch(96)
 
 
 # ------------------------------------------------------------------------------- DDP
