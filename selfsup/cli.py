@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from selfsup.checkpoint import CheckpointError
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError, load_config, stage_configs
 
 log = logging.getLogger("selfsup")
 
@@ -126,7 +126,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from selfsup.train.bench import bench
 
     cfg = load_config(args.config, args.overrides)
-    print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup)))
+    if cfg.stages:  # each stage's step (MAE-CT: MAE, head initialisation on a frozen encoder, contrastive tuning)
+        stages = [{"stage": s.name, **bench(s.cfg, steps=args.steps, warmup=args.warmup)} for s in stage_configs(cfg)]
+        print(json.dumps({"stages": stages}))
+    else:
+        print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup)))
 
 
 def cmd_shard(args: argparse.Namespace) -> None:

@@ -159,3 +159,11 @@ def test_a_staged_run_on_two_gloo_processes(config, tmp_path):
     assert "cpu x2" in err and (run / "backbone.safetensors").is_file()
     mae, ct = _model(run / "stages" / "1_mae"), _model(run / "stages" / "3_ct")
     assert torch.equal(mae["encoder.blocks.0.attn.qkv.weight"], ct["encoder.blocks.0.attn.qkv.weight"])
+
+
+def test_bench_measures_every_stage(config, capsys):
+    assert main(["bench", str(config), "--steps", "1", "--warmup", "0"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(s["stage"], s["method"], s["views"]) for s in result["stages"]] == [("mae", "mae", 1), ("head", "nnclr", 2),
+                                                                                  ("ct", "nnclr", 2)]
+    assert all(s["train_images_per_s"] > 0 for s in result["stages"])

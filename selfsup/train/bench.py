@@ -20,8 +20,8 @@ import torch
 from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
-from selfsup.train.engine import (StepViews, build_model, build_view_groups, crop_specs, normalization, validate,
-                                  views_maker)
+from selfsup.train.engine import (StepViews, build_model, build_view_groups, crop_specs, freeze, normalization,
+                                  online_encoder, validate, views_maker)
 from selfsup.train.optim import build_optimizer
 
 
@@ -45,8 +45,9 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     mean, std = normalization(data, cfg)
     view_groups = build_view_groups(cfg, size, mean, std)
     method = build_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
+    freeze(online_encoder(method), cfg.model.freeze)  # frozen blocks cost no backward pass and no optimiser step
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
-    optimizer = build_optimizer(method, cfg.optim)
+    optimizer = build_optimizer(method, cfg.optim, online_encoder(method))
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
                 else torch.autocast(device.type, enabled=False))
