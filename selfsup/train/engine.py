@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, remove_stale_temporaries,
-                                save_checkpoint)
+from selfsup.checkpoint import (CHECKPOINT, atomic_write, export_backbone, load_checkpoint, read_backbone_meta,
+                                remove_stale_temporaries, save_checkpoint)
 from selfsup.config import Config, ConfigError, OptimConfig, TrainerConfig, save_config, stage_configs, to_dict
 from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS, DataError, ImageData
@@ -554,10 +554,11 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     return Path(t.out)
 
 
-def train(fabric: Any, cfg: Config, allow_optim_change: bool = False, carried: dict[str, torch.Tensor] | None = None,
+def train(fabric: Any, cfg: Config, allow_optim_change: bool = False, carried: Path | None = None,
           stage: str | None = None) -> None:
     """One stage: train ``cfg.method`` for ``cfg.trainer``'s steps into ``cfg.trainer.out`` (resuming its checkpoint),
-    then export the backbone. ``carried``: a method state to start from (the previous stage's), matched by name."""
+    then export the backbone. ``carried``: a checkpoint whose method weights a fresh stage starts from (the previous
+    stage's), matched by name; read only when the stage has no checkpoint of its own."""
     t = cfg.trainer
     run_dir = Path(t.out)
     is_main = fabric.global_rank == 0
@@ -586,7 +587,7 @@ def train(fabric: Any, cfg: Config, allow_optim_change: bool = False, carried: d
     # Model, optimiser, schedules.
     params, method = build_model(cfg, channels, image_size, schedule_steps)
     if state is None and carried is not None:
-        carry_over(method, carried, log_to=log if is_main else None)
+        carry_over(method, load_checkpoint(carried)["model"], log_to=log if is_main else None)
     freeze(online_encoder(method), cfg.model.freeze)
     if fabric.world_size > 1 and t.sync_batchnorm:
         if fabric.device.type == "cuda":
@@ -790,7 +791,7 @@ def train_stages(fabric: Any, cfg: Config, allow_optim_change: bool = False) -> 
     for number, stage in enumerate(stage_configs(cfg), start=1):
         stage_dir = Path(stage.cfg.trainer.out)
         if stage.init_from is not None:
-            carried = run_weights(Path(stage.init_from))
+            carried = run_checkpoint(Path(stage.init_from))
         if (stage_dir / "backbone.json").is_file():
             if is_main:
                 log.info("stage %d (%s) is done: %s", number, stage.name, stage_dir)
@@ -799,30 +800,28 @@ def train_stages(fabric: Any, cfg: Config, allow_optim_change: bool = False) -> 
                 log.info("stage %d of %d: %s (%s)", number, len(cfg.stages), stage.name, stage.cfg.method["name"])
             train(fabric, stage.cfg, allow_optim_change, carried=carried, stage=stage.name)
             fabric.barrier()
-        carried = load_checkpoint(stage_dir / CHECKPOINT)["model"]
+        carried = stage_dir / CHECKPOINT
         rows += MetricsLog(stage_dir / "metrics.csv", resume_step=math.inf).rows  # every row of the stage
-        done.append({"stage": stage.name, **{k: v for k, v in json.loads((stage_dir / "backbone.json").read_text()).items()
-                                              if k in ("method", "steps", "train_time_s", "cpu_time_s")}})
+        meta = read_backbone_meta(stage_dir)
+        done.append({"stage": stage.name, **{k: meta[k] for k in ("method", "steps", "train_time_s", "cpu_time_s")}})
     if is_main:
         metrics = MetricsLog(run_dir / "metrics.csv", 0)
         metrics.rows = rows
         metrics.flush()
-        meta = json.loads((stage_dir / "backbone.json").read_text())
         meta.update(stages=done, train_time_s=round(sum(d["train_time_s"] for d in done), 2),
                     cpu_time_s=round(sum(d["cpu_time_s"] for d in done), 2))
-        shutil.copyfile(stage_dir / "backbone.safetensors", run_dir / "backbone.safetensors.tmp")
-        (run_dir / "backbone.safetensors.tmp").replace(run_dir / "backbone.safetensors")
+        atomic_write(run_dir / "backbone.safetensors", lambda tmp: shutil.copyfile(stage_dir / "backbone.safetensors", tmp))
         atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
         log.info("done: %d stages; the last one's backbone exported to %s", len(done), run_dir / "backbone.safetensors")
 
 
-def run_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    """``init_from``: the method weights of a finished run (its checkpoint; a staged run's last stage)."""
+def run_checkpoint(run_dir: Path) -> Path:
+    """``init_from``: the checkpoint of a finished run (a staged run's last stage's)."""
     candidates = [run_dir / CHECKPOINT, *sorted((run_dir / "stages").glob(f"*/{CHECKPOINT}"),
                                               key=lambda p: int(p.parent.name.split("_")[0]))[-1:]]
     for path in candidates:
         if path.is_file():
-            return load_checkpoint(path)["model"]
+            return path
     raise ConfigError(f"init_from: {run_dir} holds no {CHECKPOINT} (nor stages/*/{CHECKPOINT}); point it at the run "
                       "directory of a finished `selfsup pretrain`")
 
