@@ -27,6 +27,7 @@ from selfsup.train.schedules import cosine_schedule
 
 __all__ = ["finetune", "labelled_subset"]
 
+
 def labelled_subset(labels: np.ndarray, fraction: float = 1.0, per_class: int | None = None, seed: int = 0) -> np.ndarray:
     """Sorted indices of a class-stratified seeded subset: ``per_class`` images of each class, or ``fraction``
     of each class (at least one); everything when neither asks for less."""

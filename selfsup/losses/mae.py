@@ -24,11 +24,15 @@ def unpatchify(patches: torch.Tensor, patch_size: int, channels: int, grid: tupl
     return x.permute(0, 5, 1, 3, 2, 4).reshape(b, channels, gh * p, gw * p)
 
 
+def patch_mean_std(target: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each patch's pixel mean and ``sqrt(var + eps)`` (unbiased variance, as the authors' code), ``(B, N, 1)`` each."""
+    return target.mean(dim=-1, keepdim=True), (target.var(dim=-1, keepdim=True) + eps).sqrt()
+
+
 def normalized_patches(target: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Each patch's pixels minus their mean, over ``sqrt(var + eps)`` (unbiased variance, as the authors' code)."""
-    mean = target.mean(dim=-1, keepdim=True)
-    var = target.var(dim=-1, keepdim=True)
-    return (target - mean) / (var + eps).sqrt()
+    """Each patch's pixels minus their mean, over ``sqrt(var + eps)``: MAE's normalised-pixel targets."""
+    mean, std = patch_mean_std(target, eps)
+    return (target - mean) / std
 
 
 def mae_loss(prediction: torch.Tensor, target: torch.Tensor, masked: torch.Tensor, norm_pix: bool = True) -> torch.Tensor:

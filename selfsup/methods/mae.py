@@ -24,7 +24,7 @@ from torch import nn
 
 from selfsup.config import ConfigError
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
-from selfsup.losses.mae import mae_loss, patchify, unpatchify
+from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
 from selfsup.methods.base import StepOutput, check_values
 from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
@@ -141,7 +141,7 @@ class MAE(nn.Module):
         prediction, target, masked = self.reconstruct(x)
         self.train(was_training)
         if self.cfg.norm_pix_loss:
-            mean, std = target.mean(-1, keepdim=True), (target.var(-1, keepdim=True) + 1e-6).sqrt()
+            mean, std = patch_mean_std(target)
             prediction = prediction * std + mean
         hidden = masked.unsqueeze(-1)
         p, c, grid = self.encoder.patch_size, x.shape[1], self.decoder.grid
