@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from selfsup.eval.knn import topk_accuracy
+from selfsup.eval.lowshot import lowshot_splits, percent_split
 from selfsup.train.optim import parameter_groups
 from selfsup.train.schedules import cosine_schedule
 
@@ -29,17 +30,14 @@ __all__ = ["finetune", "labelled_subset"]
 
 
 def labelled_subset(labels: np.ndarray, fraction: float = 1.0, per_class: int | None = None, seed: int = 0) -> np.ndarray:
-    """Sorted indices of a class-stratified seeded subset: ``per_class`` images of each class, or ``fraction``
-    of each class (at least one); everything when neither asks for less."""
-    if per_class is None and fraction >= 1.0:
+    """Sorted indices of a class-stratified seeded subset, drawn as the low-shot evaluation draws its labelled sets:
+    ``per_class`` images of each class (:func:`lowshot_splits`), or ``fraction`` of each class, at least one
+    (:func:`percent_split`); everything when neither asks for less."""
+    if per_class is not None:
+        return lowshot_splits(labels, per_class, num_splits=1, seed=seed)[0]
+    if fraction >= 1.0:
         return np.arange(len(labels))
-    rng = np.random.default_rng(seed)
-    keep = []
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        count = per_class if per_class is not None else max(1, round(fraction * len(members)))
-        keep.append(rng.permutation(members)[:min(count, len(members))])
-    return np.sort(np.concatenate(keep))
+    return percent_split(labels, 100.0 * fraction, seed=seed)
 
 
 def finetune(backbone: nn.Module, train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,

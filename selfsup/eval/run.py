@@ -194,8 +194,12 @@ def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progre
     else:
         fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(train.labels.numpy(), e.holdout, e.seed))
         test_images, test_labels = train.images[held_out], train.labels[held_out]
-    chosen = fit[torch.from_numpy(labelled_subset(train.labels[fit].numpy(), e.finetune_fraction,
-                                                  e.finetune_per_class, e.seed))]
+    try:
+        subset = labelled_subset(train.labels[fit].numpy(), e.finetune_fraction, e.finetune_per_class, e.seed)
+    except ValueError as err:
+        raise ConfigError(f"eval.finetune_per_class={e.finetune_per_class} / eval.finetune_fraction="
+                          f"{e.finetune_fraction}: {err}") from err
+    chosen = fit[torch.from_numpy(subset)]
     device = device_for()
     mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
     std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)

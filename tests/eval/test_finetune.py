@@ -77,3 +77,5 @@ def test_finetuning_learns_a_tiny_separable_set(tmp_path: Path, capsys) -> None:
     assert main(["eval", "finetune", str(run), "eval.finetune_per_class=4", "eval.finetune_epochs=1"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["finetune_labels"] == 8
     assert main(["eval", "finetune", str(run), "--baseline", "raw"]) == 2
+    assert main(["eval", "finetune", str(run), "eval.finetune_per_class=40"]) == 2  # a class has 32 labelled images
+    assert "eval.finetune_per_class=40" in capsys.readouterr().err
