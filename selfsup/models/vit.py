@@ -13,8 +13,8 @@ What the seed methods need beyond a plain ViT:
   the mean patch token (MAE-CT ViT-B);
 - freezing the stem and the first k blocks, and layer ids for layer-wise lr decay (MAE-CT);
 - an optional convolutional stem (Xiao et al. 2021, "Early Convolutions Help Transformers See
-  Better"): 3x3 stride-2 conv-BN-ReLU layers before the patch projection, which then covers
-  ``patch_size / 2**len(conv_stem)`` stem pixels. Tokens, grid and masking are unchanged; small ViTs
+  Better"): 3x3 conv-BN-ReLU layers (stride 2 unless ``conv_stem_strides`` says 1) before the patch
+  projection, which then covers ``patch_size / (product of the strides)`` stem pixels. Tokens, grid and masking are unchanged; small ViTs
   trained briefly on small images learn faster with it (docs/benchmarks.md).
 """
 from __future__ import annotations
@@ -218,10 +218,12 @@ class VisionTransformer(nn.Module):
         pool: what :meth:`forward` returns: ``"cls"`` ([CLS] after the final LayerNorm),
             ``"cls_prenorm"`` ([CLS] before it, MSN's evaluation feature) or ``"mean"`` (mean of
             the normalised patch tokens, MAE-CT ViT-B).
-        conv_stem: output channels of 3x3 stride-2 conv-BN-ReLU layers run before the patch
-            projection (Xiao et al. 2021); ``patch_size`` must be a multiple of ``2**len(conv_stem)``,
-            the projection's kernel and stride being ``patch_size / 2**len(conv_stem)`` (1 = their
-            1x1 projection). ``None`` or ``[]``: the plain patchify convolution.
+        conv_stem: output channels of 3x3 conv-BN-ReLU layers run before the patch projection
+            (Xiao et al. 2021); ``patch_size`` must be a multiple of the product of their strides,
+            the projection's kernel and stride being ``patch_size / product`` (1 = their 1x1
+            projection). ``None`` or ``[]``: the plain patchify convolution.
+        conv_stem_strides: one stride (1 or 2) per ``conv_stem`` layer; ``None``: all 2 (Xiao et
+            al.). A stride-1 layer adds convolution at full resolution without changing the tokens.
 
     Attributes:
         num_features: ``embed_dim`` (width of the pooled feature).
@@ -247,6 +249,7 @@ class VisionTransformer(nn.Module):
         layer_scale_init: float = 0.1,
         pool: Literal["cls", "mean", "cls_prenorm"] = "cls",
         conv_stem: list[int] | None = None,
+        conv_stem_strides: list[int] | None = None,
     ) -> None:
         super().__init__()
         if patch_size < 1 or img_size < 1 or img_size % patch_size != 0:
@@ -288,10 +291,16 @@ class VisionTransformer(nn.Module):
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
         conv_stem = list(conv_stem or [])
-        stem_stride = 2 ** len(conv_stem)
+        strides = [2] * len(conv_stem) if conv_stem_strides is None else list(conv_stem_strides)
+        if len(strides) != len(conv_stem) or any(s not in (1, 2) for s in strides):
+            raise ValueError(
+                f"conv_stem_strides={conv_stem_strides} must give a stride of 1 or 2 for each of the "
+                f"{len(conv_stem)} conv_stem layers, e.g. conv_stem [32, 64, 128] with strides [1, 2, 2]"
+            )
+        stem_stride = 2 ** strides.count(2)
         if patch_size % stem_stride != 0 or any(int(c) != c or c < 1 for c in conv_stem):
             raise ValueError(
-                f"conv_stem={conv_stem} halves the image {len(conv_stem)} times, so patch_size "
+                f"conv_stem={conv_stem} (strides {strides}) shrinks the image {stem_stride}x, so patch_size "
                 f"({patch_size}) must be a multiple of {stem_stride} and every channel count a positive "
                 "integer; e.g. patch 4 with conv_stem [32, 64], patch 16 with [48, 96, 192, 384]"
             )
@@ -313,8 +322,8 @@ class VisionTransformer(nn.Module):
 
         stem: list[nn.Module] = []
         channels = in_channels
-        for out_channels in conv_stem:
-            stem += [nn.Conv2d(channels, out_channels, 3, stride=2, padding=1, bias=False),
+        for out_channels, stride in zip(conv_stem, strides):
+            stem += [nn.Conv2d(channels, out_channels, 3, stride=stride, padding=1, bias=False),
                      nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)]
             channels = out_channels
         self.stem = nn.Sequential(*stem)  # empty: the identity

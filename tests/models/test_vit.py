@@ -426,6 +426,23 @@ def test_conv_stem_without_layers_is_the_plain_patchify() -> None:
     assert set(dict(plain.named_parameters())) == set(dict(empty.named_parameters()))
 
 
+def test_conv_stem_stride_one_layers_add_convolution_not_tokens() -> None:
+    """A stride-1 layer runs at full resolution; the strides' product sets the projection, so
+    [8, 16, 16] with strides [1, 2, 2] and patch 4 gives the 1x1 projection and the plain grid."""
+    model = _tiny(img_size=16, patch_size=4, conv_stem=[8, 16, 16], conv_stem_strides=[1, 2, 2])
+    convs = [m for m in model.stem if isinstance(m, nn.Conv2d)]
+    assert [c.stride for c in convs] == [(1, 1), (2, 2), (2, 2)]
+    assert model.patch_embed.kernel_size == (1, 1)
+    assert model.stem[:3](torch.randn(2, 3, 16, 16)).shape == (2, 8, 16, 16)
+    assert model.embed_patches(torch.randn(2, 3, 16, 16)).shape == (2, 16, 32)
+    with pytest.raises(ValueError, match="stride of 1 or 2 for each"):
+        _tiny(conv_stem=[8, 16], conv_stem_strides=[2])
+    with pytest.raises(ValueError, match="stride of 1 or 2 for each"):
+        _tiny(conv_stem=[8, 16], conv_stem_strides=[3, 1])
+    with pytest.raises(ValueError, match="multiple of 8"):
+        _tiny(img_size=16, patch_size=4, conv_stem=[8, 8, 8], conv_stem_strides=[2, 2, 2])
+
+
 def test_conv_stem_rejects_a_patch_it_cannot_reach() -> None:
     with pytest.raises(ValueError, match="multiple of 4"):
         _tiny(img_size=14, patch_size=7, conv_stem=[8, 16])
