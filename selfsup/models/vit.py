@@ -13,9 +13,10 @@ What the seed methods need beyond a plain ViT:
   the mean patch token (MAE-CT ViT-B);
 - freezing the stem and the first k blocks, and layer ids for layer-wise lr decay (MAE-CT);
 - an optional convolutional stem (Xiao et al. 2021, "Early Convolutions Help Transformers See
-  Better"): 3x3 conv-BN-ReLU layers (stride 2 unless ``conv_stem_strides`` says 1) before the patch
-  projection, which then covers ``patch_size / (product of the strides)`` stem pixels. Tokens, grid and masking are unchanged; small ViTs
-  trained briefly on small images learn faster with it (docs/benchmarks.md).
+  Better"): 3x3 conv-BN-ReLU layers (stride 2 unless ``conv_stem_strides`` says 1) before the
+  patch projection, which then covers ``patch_size / (product of the strides)`` stem pixels.
+  Tokens, grid and masking are unchanged; small ViTs trained briefly on small images learn faster
+  with it (docs/benchmarks.md).
 """
 from __future__ import annotations
 
