@@ -546,10 +546,14 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     fabric.launch()
     if fabric.global_rank == 0:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if cfg.stages:
-        train_stages(fabric, cfg, allow_optim_change)
-    else:
-        train(fabric, cfg, allow_optim_change)
+    try:
+        if cfg.stages:
+            train_stages(fabric, cfg, allow_optim_change)
+        else:
+            train(fabric, cfg, allow_optim_change)
+    except TrainingInterrupted:
+        fabric.barrier()  # every process stops at the same step (reduced); none exits while another still saves
+        raise
     fabric.barrier()  # every process leaves together: none tears down gloo while another still exports
     return Path(t.out)
 
