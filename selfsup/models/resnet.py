@@ -101,6 +101,8 @@ class ResNet(nn.Module):
         small_stem: 3x3 stride-1 conv and no max-pool (CIFAR-style, for 32x32-ish inputs)
             instead of the 7x7 stride-2 conv + max-pool ImageNet stem.
         stem_stride: stride of the small stem's conv (2 halves the resolution: 4x fewer FLOPs).
+        stage_widths: each stage's width, one per stage, instead of ``width * 2**s``; e.g.
+            ``[16, 32, 64, 256]`` widens only the last, cheapest stage for a 256-d feature.
         zero_init_residual: start every residual branch at zero by zeroing the gamma of its
             last BatchNorm (Goyal et al., 2017), so each block begins as the identity.
 
@@ -116,6 +118,7 @@ class ResNet(nn.Module):
         width: int = 64,
         small_stem: bool = False,
         stem_stride: int = 1,
+        stage_widths: list[int] | None = None,
         zero_init_residual: bool = True,
     ) -> None:
         super().__init__()
@@ -130,6 +133,13 @@ class ResNet(nn.Module):
             raise ValueError(
                 f"in_channels and width must be positive, got in_channels={in_channels}, "
                 f"width={width}"
+            )
+        if stage_widths is None:
+            stage_widths = [width * 2**stage for stage in range(len(layers))]
+        elif len(stage_widths) != len(layers) or any(int(w) < 1 for w in stage_widths):
+            raise ValueError(
+                f"stage_widths must give one positive width per stage ({len(layers)} stages), "
+                f"got {stage_widths!r}; e.g. [16, 32, 64, 256] for layers [1, 1, 1, 1]"
             )
         block_cls = _BLOCKS[block]
         self.small_stem = small_stem
@@ -150,8 +160,8 @@ class ResNet(nn.Module):
             raise ValueError(f"stem_stride must be 1 or 2 and needs small_stem=True, got {stem_stride}")
         self.num_stages = len(layers)
         channels = width
-        for stage, num_blocks in enumerate(layers):
-            stage_width = width * 2**stage
+        for stage, (num_blocks, stage_width) in enumerate(zip(layers, stage_widths)):
+            stage_width = int(stage_width)
             blocks: list[nn.Module] = []
             for i in range(int(num_blocks)):
                 stride = 2 if (stage > 0 and i == 0) else 1

@@ -118,3 +118,17 @@ def test_fewer_stages_and_strided_small_stem() -> None:
     assert two.forward_feature_map(torch.randn(2, 1, 8, 8)).shape == (2, 16, 4, 4)
     strided = ResNet("basic", [1, 1, 1], in_channels=1, width=8, small_stem=True, stem_stride=2)
     assert strided.forward_feature_map(torch.randn(2, 1, 28, 28)).shape == (2, 32, 4, 4)
+
+
+def test_stage_widths_set_each_stage_and_the_feature_width() -> None:
+    model = ResNet("basic", [1, 1, 1, 1], in_channels=1, width=16, small_stem=True, stage_widths=[16, 32, 64, 256])
+    assert model.num_features == 256
+    assert [getattr(model, f"layer{s}")[0].conv2.out_channels for s in (1, 2, 3, 4)] == [16, 32, 64, 256]
+    assert model.forward_feature_map(torch.randn(2, 1, 28, 28)).shape == (2, 256, 4, 4)
+    default = ResNet("basic", [1, 1, 1, 1], in_channels=1, width=16, small_stem=True)
+    explicit = ResNet("basic", [1, 1, 1, 1], in_channels=1, width=16, small_stem=True, stage_widths=[16, 32, 64, 128])
+    assert [p.shape for p in default.parameters()] == [p.shape for p in explicit.parameters()]
+    with pytest.raises(ValueError, match="one positive width per stage"):
+        ResNet("basic", [1, 1, 1, 1], stage_widths=[16, 32, 64])
+    with pytest.raises(ValueError, match="one positive width per stage"):
+        ResNet("basic", [1, 1], stage_widths=[16, 0])
