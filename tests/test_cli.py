@@ -67,6 +67,19 @@ def test_pretrain_writes_run_directory_and_eval_prints_json(tmp_path, capsys):
     assert result["raw_knn_top1"] > 90  # raw 8x8 digits are easy for kNN
 
 
+
+def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_images_size(tmp_path, capsys):
+    """resnet_30min.yaml trains on 22 px views of 28 px images: the export records the data's size, not the views',
+    and evaluation embeds whole images at that size."""
+    run = tmp_path / "run"
+    text = TINY.replace("num: 1, params", "num: 1, size: 6, params")
+    assert text.count("size: 6,") == 2
+    assert main(["pretrain", str(write_config(tmp_path, text)), f"trainer.out={run}"]) == 0
+    assert json.loads((run / "backbone.json").read_text())["image_size"] == 8  # digits are 8 x 8
+    capsys.readouterr()
+    assert main(["eval", "knn", str(run)]) == 0
+    assert 10.0 < last_json(capsys)["knn_top1"] <= 100.0
+
 def test_rerun_of_finished_run_is_a_noop_and_changed_config_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     cfg = write_config(tmp_path)
