@@ -67,7 +67,6 @@ def test_pretrain_writes_run_directory_and_eval_prints_json(tmp_path, capsys):
     assert result["raw_knn_top1"] > 90  # raw 8x8 digits are easy for kNN
 
 
-
 def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_images_size(tmp_path, capsys):
     """resnet_30min.yaml trains on 22 px views of 28 px images: the export records the data's size, not the views',
     and evaluation embeds whole images at that size."""
@@ -79,6 +78,7 @@ def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_ima
     capsys.readouterr()
     assert main(["eval", "knn", str(run)]) == 0
     assert 10.0 < last_json(capsys)["knn_top1"] <= 100.0
+
 
 def test_rerun_of_finished_run_is_a_noop_and_changed_config_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
