@@ -136,7 +136,8 @@ class ResNet(nn.Module):
             )
         if stage_widths is None:
             stage_widths = [width * 2**stage for stage in range(len(layers))]
-        elif len(stage_widths) != len(layers) or any(int(w) < 1 for w in stage_widths):
+        stage_widths = [int(w) for w in stage_widths]
+        if len(stage_widths) != len(layers) or any(w < 1 for w in stage_widths):
             raise ValueError(
                 f"stage_widths must give one positive width per stage ({len(layers)} stages), "
                 f"got {stage_widths!r}; e.g. [16, 32, 64, 256] for layers [1, 1, 1, 1]"
@@ -161,7 +162,6 @@ class ResNet(nn.Module):
         self.num_stages = len(layers)
         channels = width
         for stage, (num_blocks, stage_width) in enumerate(zip(layers, stage_widths)):
-            stage_width = int(stage_width)
             blocks: list[nn.Module] = []
             for i in range(int(num_blocks)):
                 stride = 2 if (stage > 0 and i == 0) else 1
