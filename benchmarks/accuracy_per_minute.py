@@ -2,12 +2,19 @@
 
     python benchmarks/accuracy_per_minute.py CONFIG.yaml --cpu-minutes 30 [key=value ...]
         [--points 6] [--evals knn,linear] [--holdout 0.1] [--out DIR]
+    python benchmarks/accuracy_per_minute.py CONFIG.yaml --steps 676 [key=value ...] [...]
 
 1. Calibrate: a short run of the config (``--calibration-steps``) measures the training step's CPU
    seconds (user + system, all threads) on this machine.
 2. Size the run to the budget: ``trainer.max_steps`` = budget / CPU seconds per step, so the
    schedules (cosine, ``optim.warmup_fraction``, EMA) follow the budgeted length. The backbone is
    exported ``--points`` times along the way (``trainer.export_every_steps``).
+   A shared machine's speed drifts (on the 2-core VM of docs/benchmarks.md, two calibrations of
+   resnet_30min.yaml measured 0.89 and 1.59 CPU-s per step), so arms run at different times get
+   different step counts from the same budget.
+   The result records the run's own CPU-s per step and warns when it is more than 15 % off the
+   calibration. ``--steps N`` skips the calibration and trains N steps: use it to compare settings
+   that cost the same per step.
 3. Evaluate every snapshot, the final backbone and raw pixels with the same protocol. Evaluation is
    not counted in the budget. ``--holdout F`` evaluates on a held-out fraction F of the labelled training
    split instead of the test split (``eval.holdout``): use it to choose settings, then report the test split.
@@ -24,6 +31,7 @@ import csv
 import json
 import math
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -54,16 +62,23 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
     return (c1 - c0) / (s1 - s0)
 
 
-def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Path, points: int = 6,
-                 evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None) -> dict:
-    """Calibrate, train for ``cpu_minutes``, evaluate the snapshots; the result dict (also written to ``out``)."""
-    log_every = max(1, calibration_steps // 4)
-    calibration = out / "calibration"
-    pretrain(load_config(config, [*overrides, f"trainer.out={calibration}", f"trainer.max_steps={calibration_steps}",
-                                  f"trainer.log_every_steps={log_every}", "trainer.export_every_steps=0",
-                                  "monitor.knn_every_steps=0", "monitor.collapse_every_steps=0"]))
-    per_step = cpu_seconds_per_step(calibration)
-    steps = max(points, int(cpu_minutes * 60 / per_step))
+def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, out: Path, points: int = 6,
+                 evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None,
+                 steps: int | None = None) -> dict:
+    """Calibrate, train for ``cpu_minutes`` (or exactly ``steps``), evaluate the snapshots; the result dict (also
+    written to ``out``)."""
+    if (cpu_minutes is None) == (steps is None):
+        raise ValueError("give a CPU budget (cpu_minutes) or a number of steps, not both")
+    per_step = None
+    if steps is None:
+        log_every = max(1, calibration_steps // 4)
+        calibration = out / "calibration"
+        pretrain(load_config(config, [*overrides, f"trainer.out={calibration}",
+                                      f"trainer.max_steps={calibration_steps}", f"trainer.log_every_steps={log_every}",
+                                      "trainer.export_every_steps=0", "monitor.knn_every_steps=0",
+                                      "monitor.collapse_every_steps=0"]))
+        per_step = cpu_seconds_per_step(calibration)
+        steps = max(points, int(cpu_minutes * 60 / per_step))
 
     run = out / "run"
     pretrain(load_config(config, [*overrides, f"trainer.out={run}", f"trainer.max_steps={steps}",
@@ -78,10 +93,16 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float, out: Pat
         curve.append({"step": meta["steps"], "cpu_min": round(meta["cpu_time_s"] / 60, 3),
                       "wall_min": round(meta["train_time_s"] / 60, 3), **scores})
     raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False)
+    run_per_step = curve[-1]["cpu_min"] * 60 / curve[-1]["step"]
+    if per_step is not None and abs(run_per_step / per_step - 1) > 0.15:
+        print(f"warning: the run took {run_per_step:.3f} CPU-s per step, the calibration {per_step:.3f}: it used "
+              f"{curve[-1]['cpu_min']:.1f} of its {cpu_minutes:g} CPU-minutes. The machine's speed drifted; compare "
+              f"arms run at different times at equal steps (--steps {steps}), not equal budgets", file=sys.stderr)
     result = {"config": config, "overrides": overrides, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
               "eval_set": cfg.data.eval_split if holdout is None else f"held-out {holdout} of {cfg.data.train_split}",
-              "cpu_minutes_budget": cpu_minutes, "calibration_cpu_s_per_step": round(per_step, 4), "steps": steps,
-              "curve": curve, "raw": raw}
+              "cpu_minutes_budget": cpu_minutes,
+              "calibration_cpu_s_per_step": None if per_step is None else round(per_step, 4),
+              "run_cpu_s_per_step": round(run_per_step, 4), "steps": steps, "curve": curve, "raw": raw}
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps(result, indent=2))
     plot_curve(result, out / "curve.png")
@@ -115,7 +136,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--cpu-minutes", type=float, required=True, help="training budget in CPU-minutes")
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument("--cpu-minutes", type=float, help="training budget in CPU-minutes")
+    length.add_argument("--steps", type=int, help="train exactly this many steps (no calibration): compares settings "
+                        "that cost the same per step, whatever the machine's speed at the time")
     parser.add_argument("--points", type=int, default=6, help="evaluated snapshots along the run")
     parser.add_argument("--evals", default="knn,linear", help="comma list of knn, linear, lowshot, cluster")
     parser.add_argument("--calibration-steps", type=int, default=40)
@@ -123,9 +147,11 @@ def main() -> None:
                         help="evaluate on this held-out fraction of the training split (choosing settings), not the test split")
     parser.add_argument("--out", default=None, help="output folder (default runs/budget_<config name>)")
     args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be a positive number of training steps, got {args.steps}")
     out = Path(args.out or f"runs/budget_{Path(args.config).stem}")
     result = budget_curve(args.config, args.overrides, args.cpu_minutes, out, args.points, args.evals,
-                          args.calibration_steps, args.holdout)
+                          args.calibration_steps, args.holdout, args.steps)
     print(json.dumps(result))
 
 

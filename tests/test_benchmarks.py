@@ -149,7 +149,7 @@ def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots
     per_step = result["calibration_cpu_s_per_step"]
     # the JSON rounds the CPU-s per step to 4 decimals; the run was sized with the unrounded value
     low, high = (max(3, int(0.02 * 60 / (per_step + d))) for d in (5e-5, -5e-5))
-    assert per_step > 0 and low <= result["steps"] <= high
+    assert per_step > 0 and low <= result["steps"] <= high and result["run_cpu_s_per_step"] > 0
     steps = [p["step"] for p in result["curve"]]
     every = -(-result["steps"] // 3)  # ceil: 3 points, the last one the final export
     assert steps == [*range(every, result["steps"], every), result["steps"]]
@@ -158,6 +158,41 @@ def test_accuracy_per_minute_sizes_the_run_to_the_budget_and_evaluates_snapshots
     assert all(0 < p["knn_top1"] <= 100 and 0 < p["linear_top1"] <= 100 for p in result["curve"])
     assert result["raw"]["knn_top1"] > 90 and result["cpu_model"]
     assert json.loads((out / "curve.json").read_text()) == result and (out / "curve.png").is_file()
+
+
+def test_accuracy_per_minute_trains_a_fixed_number_of_steps_without_calibrating(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    import accuracy_per_minute
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    out = tmp_path / "steps"
+    monkeypatch.setattr(sys, "argv", ["accuracy_per_minute.py", str(config), "--steps", "4", "--points", "2",
+                                      "--evals", "knn", "--holdout", "0.2", "--out", str(out)])
+    accuracy_per_minute.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["steps"] == 4 and [p["step"] for p in result["curve"]] == [2, 4]
+    assert result["cpu_minutes_budget"] is None and result["calibration_cpu_s_per_step"] is None
+    assert not (out / "calibration").exists()
+    assert result["run_cpu_s_per_step"] == pytest.approx(result["curve"][-1]["cpu_min"] * 60 / 4, abs=1e-3)
+    for bad in (["--steps", "0"], ["--steps", "4", "--cpu-minutes", "1"], []):  # one length, and a positive one
+        monkeypatch.setattr(sys, "argv", ["accuracy_per_minute.py", str(config), *bad])
+        with pytest.raises(SystemExit):
+            accuracy_per_minute.main()
+
+
+def test_accuracy_per_minute_warns_when_the_run_is_off_its_calibration(tmp_path: Path, monkeypatch, capsys) -> None:
+    import accuracy_per_minute
+
+    config = tmp_path / "c.yaml"
+    config.write_text(TINY_MULTIVIEW)
+    # A calibration 100x too slow: the machine "sped up" after it, so the run uses a fraction of its budget.
+    monkeypatch.setattr(accuracy_per_minute, "cpu_seconds_per_step", lambda run_dir: 100.0)
+    result = accuracy_per_minute.budget_curve(str(config), [], 0.2, tmp_path / "out", points=1, evals="knn",
+                                              calibration_steps=4)
+    assert result["steps"] == 1 and result["calibration_cpu_s_per_step"] == 100.0
+    assert result["run_cpu_s_per_step"] < 100.0
+    assert "--steps 1" in capsys.readouterr().err
 
 
 def test_anchors_impl_builders_run_selfsup_steps() -> None:
