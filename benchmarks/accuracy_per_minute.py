@@ -68,7 +68,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
     """Calibrate, train for ``cpu_minutes`` (or exactly ``steps``), evaluate the snapshots; the result dict (also
     written to ``out``)."""
     if (cpu_minutes is None) == (steps is None):
-        raise ValueError("give a CPU budget (cpu_minutes) or a number of steps, not both")
+        raise ValueError("give exactly one of cpu_minutes (a CPU budget) and steps (a fixed length)")
     per_step = None
     if steps is None:
         log_every = max(1, calibration_steps // 4)
