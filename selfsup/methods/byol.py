@@ -11,7 +11,7 @@ from selfsup.losses.byol import byol_loss
 from selfsup.methods.base import StepOutput, check_momentum_horizon, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import cosine_schedule, ema_momentum
+from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
 @dataclass
@@ -19,7 +19,7 @@ class BYOLConfig:
     projector: list[int] = field(default_factory=lambda: [4096, 256])
     predictor: list[int] = field(default_factory=lambda: [4096, 256])
     momentum: float = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
-    momentum_end: float = 1.0
+    momentum_end: float | None = 1.0  # None: hold the starting momentum
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:
@@ -35,8 +35,8 @@ class BYOL(nn.Module):
         self.projector = mlp([backbone.num_features, *cfg.projector], norm="batch", act="relu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="batch", act="relu")
         self.target = EMATeacher(nn.Sequential(backbone, self.projector))
-        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
-        self.momentum = cosine_schedule(start, cfg.momentum_end, total_steps)
+        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
+                                              total_steps)
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         check_num_views("BYOL", views, 2)

@@ -32,7 +32,7 @@ from selfsup.methods.base import StepOutput, check_momentum_horizon, check_value
 from selfsup.models.heads import mlp
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import cosine_schedule, ema_momentum
+from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ExtreMAConfig:
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
     temperature: float = 0.2  # InfoNCE only
     momentum: float = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
-    momentum_end: float = 1.0
+    momentum_end: float | None = 1.0  # None: hold the starting momentum
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
     # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)
@@ -63,13 +63,14 @@ class ExtreMAConfig:
             "eval_pool": self.eval_pool in (None, "cls", "mean", "cls_prenorm"),
             "temperature": self.temperature > 0,
             "momentum": 0 <= self.momentum <= 1,
-            "momentum_end": 0 <= self.momentum_end <= 1,
+            "momentum_end": self.momentum_end is None or 0 <= self.momentum_end <= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [4096, 4096, 256]",
                    "predictor": "a list of positive widths ending at the projector's output, e.g. [4096, 256]",
                    "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce", "head_norm": "layer or batch",
                    "eval_pool": "null, cls, mean or cls_prenorm",
-                   "temperature": "> 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]"}
+                   "temperature": "> 0", "momentum": "in [0, 1]",
+                   "momentum_end": "in [0, 1], or null to hold the starting momentum"}
         check_values(self, checks, allowed)
         if self.predictor[-1] != self.projector[-1]:
             raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
@@ -104,8 +105,8 @@ class ExtreMA(nn.Module):
                 module.drop_prob = 0.0
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
         self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
-        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
-        self.momentum = cosine_schedule(start, cfg.momentum_end, total_steps)
+        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
+                                              total_steps)
 
     @property
     def backbone(self) -> nn.Module:

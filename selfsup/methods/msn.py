@@ -24,7 +24,7 @@ from selfsup.methods.base import StepOutput, check_momentum_horizon, check_value
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import ema_momentum, linear_schedule, stretched
+from selfsup.train.schedules import ema_momentum_schedule, linear_schedule
 
 
 @dataclass
@@ -42,7 +42,7 @@ class MSNConfig:
     shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
     momentum: float = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
-    momentum_end: float = 1.0
+    momentum_end: float | None = 1.0  # None: hold the starting momentum
     momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
     # exported feature: [CLS] before the final norm (code), after it, or the mean patch token (small ViTs, laptop preset)
     eval_pool: Literal["cls_prenorm", "cls", "mean"] = "cls_prenorm"
@@ -69,13 +69,14 @@ class MSNConfig:
             "mask_ratio": 0 <= self.mask_ratio < 1,
             "masked_views": self.masked_views >= 0,
             "momentum": 0 <= self.momentum <= 1,
-            "momentum_end": 0 <= self.momentum_end <= 1,
+            "momentum_end": self.momentum_end is None or 0 <= self.momentum_end <= 1,
             "momentum_stretch": self.momentum_stretch >= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
                    "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
                    "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
-                   "masked_views": ">= 0", "momentum": "in [0, 1]", "momentum_end": "in [0, 1]",
+                   "masked_views": ">= 0", "momentum": "in [0, 1]",
+                   "momentum_end": "in [0, 1], or null to hold the starting momentum",
                    "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
         check_values(self, checks, allowed)
         check_momentum_horizon(self.momentum_horizon)
@@ -99,8 +100,8 @@ class MSN(nn.Module):
         self.prototypes = Prototypes(cfg.num_prototypes, cfg.projector[-1])
         self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
         self.target.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
-        start = ema_momentum(cfg.momentum, cfg.momentum_horizon, total_steps)
-        self.momentum = stretched(linear_schedule, total_steps, cfg.momentum_stretch, start, cfg.momentum_end)
+        self.momentum = ema_momentum_schedule(linear_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
+                                              total_steps, cfg.momentum_stretch)
         self.export_params = {"pool": cfg.eval_pool}
 
     @property

@@ -194,6 +194,11 @@ def test_momentum_horizon_sizes_the_ema_to_the_run() -> None:
     byol = build_method({"name": "byol", "projector": [8, 4], "predictor": [8, 4], "momentum_horizon": 0.1},
                         build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3), 50)
     assert byol.momentum[0] == pytest.approx(0.8)
+    held = _method(total_steps=800, momentum_horizon=0.05, momentum_end=None)  # null: the start, held
+    np.testing.assert_allclose(held.momentum, 1 - 1 / (0.05 * 800))
+    byol = build_method({"name": "byol", "projector": [8, 4], "predictor": [8, 4], "momentum_horizon": 0.1,
+                         "momentum_end": None}, build_backbone("resnet", block="basic", layers=[1], width=4), 50)
+    np.testing.assert_allclose(byol.momentum, 0.8)
     for bad in (0.0, 1.5):
         with pytest.raises(ConfigError, match="momentum_horizon"):
             _method(momentum_horizon=bad)

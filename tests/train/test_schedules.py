@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from selfsup.train.schedules import constant_schedule, cosine_schedule, ema_momentum, linear_schedule, stretched
+from selfsup.train.schedules import (constant_schedule, cosine_schedule, ema_momentum, ema_momentum_schedule,
+                                     linear_schedule, stretched)
 
 
 def test_cosine_schedule_hand_values_with_warmup() -> None:
@@ -73,6 +74,33 @@ def test_ema_horizon_is_a_fraction_of_the_run() -> None:
     assert ema_momentum(0.996, 0.001, 100) == 0.0  # shorter than a step: no averaging
     with pytest.raises(ValueError, match="positive fraction"):
         ema_momentum(0.996, 0.0, 100)
+
+
+def test_ema_momentum_schedule_rises_or_holds() -> None:
+    # the papers' rise to 1 from the momentum of a 10 % horizon (0.99 over 1,000 steps), linear or cosine
+    np.testing.assert_allclose(ema_momentum_schedule(linear_schedule, 0.996, 0.1, 1.0, 1000),
+                               linear_schedule(0.99, 1.0, 1000))
+    np.testing.assert_allclose(ema_momentum_schedule(cosine_schedule, 0.996, 0.1, 1.0, 1000),
+                               cosine_schedule(0.99, 1.0, 1000))
+    np.testing.assert_allclose(ema_momentum_schedule(linear_schedule, 0.996, None, 1.0, 100, stretch=1.25),
+                               stretched(linear_schedule, 100, 1.25, 0.996, 1.0))
+    # end None holds the starting momentum, which follows the run's length through the horizon
+    for steps in (1000, 3000):
+        held = ema_momentum_schedule(linear_schedule, 0.996, 0.1, None, steps)
+        assert held.shape == (steps,)
+        np.testing.assert_allclose(held, 1 - 1 / (0.1 * steps))
+    np.testing.assert_allclose(ema_momentum_schedule(cosine_schedule, 0.996, None, None, 50), 0.996)
+
+
+def test_ema_momentum_end_null_is_accepted_and_out_of_range_is_not() -> None:
+    from selfsup.config import ConfigError
+    from selfsup.methods.extrema import ExtreMAConfig
+    from selfsup.methods.msn import MSNConfig
+
+    for config in (MSNConfig, ExtreMAConfig):
+        assert config(momentum_end=None).momentum_end is None
+        with pytest.raises(ConfigError, match="momentum_end.*or null"):
+            config(momentum_end=1.5)
 
 
 def test_mast_augmentation_count_schedule() -> None:
