@@ -42,8 +42,8 @@ def ema_momentum(momentum: float, horizon: float | None, total_steps: int) -> fl
     return max(0.0, 1.0 - 1.0 / (horizon * total_steps))
 
 
-def ema_momentum_schedule(shape: Callable[..., np.ndarray], momentum: float, horizon: float | None, end: float | None, total_steps: int,
-                          stretch: float = 1.0) -> np.ndarray:
+def ema_momentum_schedule(shape: Callable[..., np.ndarray], momentum: float, horizon: float | None,
+                          end: float | None, total_steps: int, stretch: float = 1.0) -> np.ndarray:
     """An EMA teacher's momentum per step: from :func:`ema_momentum` to ``end`` along ``shape``
     (``linear_schedule`` for MSN, ``cosine_schedule`` for BYOL and ExtreMA), built ``stretch`` times longer
     than the run (:func:`stretched`). ``end=None`` holds the starting momentum for the whole run.
