@@ -37,8 +37,14 @@ def check_values(cfg: object, checks: dict[str, bool], allowed: dict[str, str]) 
             raise ConfigError(f"bad value for method.{key}: {getattr(cfg, key)!r}; use {allowed[key]}")
 
 
-def check_momentum_horizon(horizon: float | None) -> None:
-    """``method.momentum_horizon`` of an EMA method: a fraction of the run in (0, 1], or None."""
+def check_ema(cfg: object) -> None:
+    """An EMA method's ``momentum`` and ``momentum_end`` (in [0, 1]; the end may be None, holding the start) and
+    ``momentum_horizon`` (a fraction of the run in (0, 1], or None)."""
+    check_values(cfg, {"momentum": 0 <= cfg.momentum <= 1,
+                       "momentum_end": cfg.momentum_end is None or 0 <= cfg.momentum_end <= 1},
+                 {"momentum": "in [0, 1], e.g. 0.996",
+                  "momentum_end": "in [0, 1], or null to hold the starting momentum"})
+    horizon = cfg.momentum_horizon
     if horizon is not None and not 0 < horizon <= 1:
         raise ConfigError(f"bad value for method.momentum_horizon: {horizon!r}; use a fraction of the run in "
                           f"(0, 1], e.g. 0.05, or null to use method.momentum")

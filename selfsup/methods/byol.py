@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import StepOutput, check_momentum_horizon, check_num_views
+from selfsup.methods.base import StepOutput, check_ema, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
@@ -23,7 +23,7 @@ class BYOLConfig:
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:
-        check_momentum_horizon(self.momentum_horizon)
+        check_ema(self)
 
 
 class BYOL(nn.Module):

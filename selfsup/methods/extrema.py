@@ -28,7 +28,7 @@ from torch import nn
 from selfsup.config import ConfigError
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import StepOutput, check_momentum_horizon, check_values
+from selfsup.methods.base import StepOutput, check_ema, check_values
 from selfsup.models.heads import mlp
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -62,20 +62,17 @@ class ExtreMAConfig:
             "head_norm": self.head_norm in ("layer", "batch"),
             "eval_pool": self.eval_pool in (None, "cls", "mean", "cls_prenorm"),
             "temperature": self.temperature > 0,
-            "momentum": 0 <= self.momentum <= 1,
-            "momentum_end": self.momentum_end is None or 0 <= self.momentum_end <= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [4096, 4096, 256]",
                    "predictor": "a list of positive widths ending at the projector's output, e.g. [4096, 256]",
                    "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce", "head_norm": "layer or batch",
                    "eval_pool": "null, cls, mean or cls_prenorm",
-                   "temperature": "> 0", "momentum": "in [0, 1]",
-                   "momentum_end": "in [0, 1], or null to hold the starting momentum"}
+                   "temperature": "> 0"}
         check_values(self, checks, allowed)
         if self.predictor[-1] != self.projector[-1]:
             raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
                               f"predicts the teacher's projection), got {self.predictor}")
-        check_momentum_horizon(self.momentum_horizon)
+        check_ema(self)
 
 
 class ExtreMA(nn.Module):

@@ -20,7 +20,7 @@ from torch import nn
 from selfsup.config import ConfigError
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import StepOutput, check_momentum_horizon, check_values
+from selfsup.methods.base import StepOutput, check_ema, check_values
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -68,18 +68,15 @@ class MSNConfig:
             "label_smoothing": 0 <= self.label_smoothing < 1,
             "mask_ratio": 0 <= self.mask_ratio < 1,
             "masked_views": self.masked_views >= 0,
-            "momentum": 0 <= self.momentum <= 1,
-            "momentum_end": self.momentum_end is None or 0 <= self.momentum_end <= 1,
             "momentum_stretch": self.momentum_stretch >= 1,
         }
         allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
                    "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
                    "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
-                   "masked_views": ">= 0", "momentum": "in [0, 1]",
-                   "momentum_end": "in [0, 1], or null to hold the starting momentum",
+                   "masked_views": ">= 0",
                    "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
         check_values(self, checks, allowed)
-        check_momentum_horizon(self.momentum_horizon)
+        check_ema(self)
 
 
 class MSN(nn.Module):

@@ -94,13 +94,16 @@ def test_ema_momentum_schedule_rises_or_holds() -> None:
 
 def test_ema_momentum_end_null_is_accepted_and_out_of_range_is_not() -> None:
     from selfsup.config import ConfigError
+    from selfsup.methods.byol import BYOLConfig
     from selfsup.methods.extrema import ExtreMAConfig
     from selfsup.methods.msn import MSNConfig
 
-    for config in (MSNConfig, ExtreMAConfig):
+    for config in (MSNConfig, ExtreMAConfig, BYOLConfig):
         assert config(momentum_end=None).momentum_end is None
-        with pytest.raises(ConfigError, match="momentum_end.*or null"):
+        with pytest.raises(ConfigError, match="momentum_end: 1.5; use in \\[0, 1\\], or null"):
             config(momentum_end=1.5)
+        with pytest.raises(ConfigError, match="method.momentum: -0.1; use in \\[0, 1\\]"):
+            config(momentum=-0.1)
 
 
 def test_mast_augmentation_count_schedule() -> None:
