@@ -64,9 +64,9 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
 
 def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, out: Path, points: int = 6,
                  evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None,
-                 steps: int | None = None) -> dict:
-    """Calibrate, train for ``cpu_minutes`` (or exactly ``steps``), evaluate the snapshots; the result dict (also
-    written to ``out``)."""
+                 steps: int | None = None, with_raw: bool = True) -> dict:
+    """Calibrate, train for ``cpu_minutes`` (or exactly ``steps``), evaluate the snapshots (and, ``with_raw``, raw
+    pixels); the result dict (also written to ``out``)."""
     if (cpu_minutes is None) == (steps is None):
         raise ValueError("give exactly one of cpu_minutes (a CPU budget) and steps (a fixed length)")
     per_step = None
@@ -92,7 +92,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
         scores = evaluate_run(folder, cfg, kinds, progress=False)
         curve.append({"step": meta["steps"], "cpu_min": round(meta["cpu_time_s"] / 60, 3),
                       "wall_min": round(meta["train_time_s"] / 60, 3), **scores})
-    raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False)
+    raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False) if with_raw else None
     run_per_step = curve[-1]["cpu_min"] * 60 / curve[-1]["step"]
     if per_step is not None and abs(run_per_step / per_step - 1) > 0.15:
         print(f"warning: the run took {run_per_step:.3f} CPU-s per step, the calibration {per_step:.3f}: it used "
@@ -110,18 +110,19 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
 
 
 def plot_curve(result: dict, path: Path) -> None:
-    """One panel per evaluated metric: the backbone against CPU-minutes, raw pixels as a dashed line."""
+    """One panel per evaluated metric: the backbone against CPU-minutes, raw pixels (if evaluated) dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [k for k in ("knn_top1", "linear_top1", "lowshot_1shot_mean", "cluster_acc") if k in result["raw"]]
+    metrics = [k for k in ("knn_top1", "linear_top1", "lowshot_1shot_mean", "cluster_acc") if k in result["curve"][-1]]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
     minutes = [p["cpu_min"] for p in result["curve"]]
     for ax, key in zip(axes[0], metrics):
         ax.plot(minutes, [p[key] for p in result["curve"]], marker="o", label="backbone")
-        ax.axhline(result["raw"][key], color="gray", linestyle="--", label="raw pixels")
+        if result["raw"]:
+            ax.axhline(result["raw"][key], color="gray", linestyle="--", label="raw pixels")
         ax.set_xlabel("training CPU-minutes")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)

@@ -219,3 +219,58 @@ def test_throughput_measures_each_variant(tmp_path: Path, capsys, monkeypatch) -
     assert [(r["variant"], r["batch_size"], r["views"]) for r in results] == [
         ("trainer.batch_size=32", 32, 3), ("trainer.batch_size=16 views.0.num=2", 16, 2)]
     assert all(r["train_images_per_s"] > 0 for r in results)
+
+
+def tiny_image_folder(root: Path, classes: int = 3, per_class: int = 24, size: int = 16) -> Path:
+    """A CIFAR-like image folder (root/train/<class>/NNNN.jpg), one dominant colour channel per class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        folder = root / "train" / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            image = rng.integers(0, 80, (size, size, 3), dtype=np.uint8)
+            image[..., c % 3] += 150
+            Image.fromarray(image).save(folder / f"{i:04d}.jpg", quality=75)
+    return root
+
+
+def test_laptop_suite_trains_each_preset_once_and_writes_table_and_plot(tmp_path: Path, capsys) -> None:
+    import laptop_suite
+
+    data = tiny_image_folder(tmp_path / "cifar")
+    out = tmp_path / "suite"
+    argv = ["--data", str(data), "--cpu-minutes", "0.02", "--methods", "vicreg,barlow_twins", "--out", str(out),
+            "--points", "2", "--calibration-steps", "4", "--evals", "knn,linear,lowshot,cluster",
+            "trainer.batch_size=16", "eval.linear_epochs=2", "eval.lowshot_shots=[1,5]", "eval.knn_k=5",
+            "model.params.stage_widths=[4,8,8,16]", "method.expander=[32,32]", "method.projector=[32,32]"]
+    suite = laptop_suite.main(argv)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == suite
+    assert list(suite["methods"]) == ["vicreg", "barlow_twins"] and suite["holdout"] == 0.1
+    for name, result in suite["methods"].items():
+        assert len(result["curve"]) == 3  # 2 snapshots + the final export
+        assert result["curve"][-1]["step"] == result["steps"] >= 2
+        for scores in (result["curve"][-1], result["random"]):
+            assert 0 < scores["knn_top1"] <= 100 and 0 < scores["lowshot_5shot_mean"] <= 100
+    assert set(suite["raw"]) >= {"knn_top1", "linear_top1", "lowshot_1shot_mean", "cluster_acc"}
+    table = (out / "suite.md").read_text()
+    assert "| vicreg |" in table and "| raw pixels |" in table and "| barlow_twins (random) |" in table
+    assert (out / "suite.png").stat().st_size > 0
+    # Resumable: a finished method is not retrained (its run directory is left untouched).
+    checkpoint = out / "vicreg" / "run" / "backbone.safetensors"
+    stamp = checkpoint.stat().st_mtime_ns
+    again = laptop_suite.main(argv)
+    assert checkpoint.stat().st_mtime_ns == stamp
+    assert "not retrained" in capsys.readouterr().err
+    assert again["methods"]["vicreg"]["curve"] == suite["methods"]["vicreg"]["curve"]
+
+
+def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -> None:
+    import laptop_suite
+
+    with pytest.raises(SystemExit, match="train/ folder"):
+        laptop_suite.main(["--data", str(tmp_path)])
+    (tmp_path / "train").mkdir()
+    with pytest.raises(SystemExit, match="no laptop preset .*simclr"):
+        laptop_suite.main(["--data", str(tmp_path), "--methods", "vicreg,simclr"])

@@ -1,0 +1,156 @@
+"""The laptop suite: every method's CIFAR-10 laptop preset, trained for one CPU budget, on one table and one plot.
+
+    python benchmarks/laptop_suite.py --data ../shared/data/cifar10 --cpu-minutes 30 [--methods vicreg,msn,...]
+        [--holdout 0.1] [--points 3] [--out runs/laptop_suite] [--evals knn,linear,lowshot,cluster]
+
+For each method, ``configs/cifar10/laptop/<method>.yaml`` is calibrated and sized to ``--cpu-minutes`` on this
+machine (``benchmarks/accuracy_per_minute.py``: the schedules follow the sized run), trained with ``--points``
+snapshots, and every snapshot is evaluated on the hold-out (``eval.holdout``; 0.1 = 5,000 of CIFAR-10's training
+images, labelled only from the other 45,000). Raw pixels (once) and a random-init network of each method's
+architecture are evaluated the same way.
+
+Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method whose curve.json was made with the
+same budget, hold-out and evaluations is not retrained), ``suite.json`` (every number, the CPU model, the command),
+``suite.md`` (the table) and ``suite.png`` (20-NN and linear accuracy against training CPU-minutes, a line per
+method, raw pixels dashed). Prints ``suite.json``'s content as its last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from accuracy_per_minute import budget_curve, cpu_model
+from selfsup.eval.run import evaluate_run, run_config
+
+PRESETS = Path(__file__).resolve().parent.parent / "configs" / "cifar10" / "laptop"
+METHODS = ("vicreg", "barlow_twins", "byol", "nnclr", "multiview_vicreg", "mast5", "mast15", "msn", "extrema", "mae",
+           "mae_ct")
+# Table columns: (result key, heading).
+COLUMNS = (("knn_top1", "20-NN"), ("linear_top1", "linear"), ("lowshot_1shot_mean", "1-shot"),
+           ("lowshot_5shot_mean", "5-shot"), ("lowshot_1pct_mean", "1 %"), ("cluster_acc", "k-means"))
+
+
+def preset(method: str) -> Path:
+    path = PRESETS / f"{method}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+        raise SystemExit(f"error: no laptop preset {path}; choose --methods from {', '.join(known)}")
+    return path
+
+
+def run_method(method: str, args: argparse.Namespace, data_overrides: list[str]) -> dict:
+    """Train (or reuse) one method's budgeted run; its curve plus the random-network baseline."""
+    out = Path(args.out) / method
+    done = out / "curve.json"
+    wanted = {"cpu_minutes_budget": args.cpu_minutes, "holdout": args.holdout, "evals": args.evals}
+    if done.is_file():
+        result = json.loads(done.read_text())
+        if all(result.get(k) == v for k, v in wanted.items()) and "random" in result:
+            print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
+            return result
+    result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
+                          args.calibration_steps, args.holdout, with_raw=False)
+    cfg = run_config(out / "run", [f"eval.holdout={args.holdout}"])
+    result.update(wanted, method=method,
+                  random=evaluate_run(out / "run", cfg, args.evals.split(","), baseline="random", progress=False))
+    done.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def raw_pixels(args: argparse.Namespace, any_run: Path) -> dict:
+    """Raw pixels on the same hold-out (cached in ``--out``/raw.json)."""
+    cache = Path(args.out) / "raw.json"
+    key = {"holdout": args.holdout, "evals": args.evals}
+    if cache.is_file() and json.loads(cache.read_text()).get("key") == key:
+        return json.loads(cache.read_text())["scores"]
+    cfg = run_config(any_run, [f"eval.holdout={args.holdout}"])
+    scores = evaluate_run(any_run, cfg, args.evals.split(","), baseline="raw", progress=False)
+    cache.write_text(json.dumps({"key": key, "scores": scores}, indent=2))
+    return scores
+
+
+def markdown_table(suite: dict) -> str:
+    """One row per method (its final snapshot), then raw pixels; the random networks in a second table."""
+    columns = [(k, h) for k, h in COLUMNS if k in suite["raw"]]
+    head = "| method | steps | CPU-min | " + " | ".join(h for _, h in columns) + " |"
+    rule = "|---" * (3 + len(columns)) + "|"
+    rows = [head, rule]
+    for method, r in suite["methods"].items():
+        last = r["curve"][-1]
+        rows.append(f"| {method} | {last['step']} | {last['cpu_min']:.1f} | "
+                    + " | ".join(f"{last[k]:.2f}" for k, _ in columns) + " |")
+    rows.append("| raw pixels | | | " + " | ".join(f"{suite['raw'][k]:.2f}" for k, _ in columns) + " |")
+    rows += ["", "Random-init network of each preset's architecture, same protocol:", "",
+             "| method | " + " | ".join(h for _, h in columns) + " |", "|---" * (1 + len(columns)) + "|"]
+    for method, r in suite["methods"].items():
+        rows.append(f"| {method} (random) | " + " | ".join(f"{r['random'][k]:.2f}" for k, _ in columns) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def plot_suite(suite: dict, path: Path) -> None:
+    """20-NN and linear accuracy against training CPU-minutes: a line per method, raw pixels dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [k for k in ("knn_top1", "linear_top1") if k in suite["raw"]]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for ax, key in zip(axes[0], metrics):
+        for method, r in suite["methods"].items():
+            ax.plot([p["cpu_min"] for p in r["curve"]], [p[key] for p in r["curve"]], marker="o", label=method)
+        ax.axhline(suite["raw"][key], color="gray", linestyle="--", label="raw pixels")
+        ax.set_xlabel("training CPU-minutes")
+        ax.set_ylabel(f"{dict(COLUMNS)[key]} accuracy (%), held-out {suite['holdout']}")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"CIFAR-10 laptop presets, {suite['cpu_minutes_budget']:g} CPU-minutes each, on {suite['cpu_model']} "
+                 f"({suite['threads']} threads)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="CIFAR-10 as an image folder: DATA/train/<class>/*.jpg")
+    parser.add_argument("--cpu-minutes", type=float, default=30.0, help="training budget of each method")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma list of configs/cifar10/laptop/ presets")
+    parser.add_argument("--holdout", type=float, default=0.1, help="held-out fraction of the training split")
+    parser.add_argument("--points", type=int, default=3, help="evaluated snapshots along each run")
+    parser.add_argument("--evals", default="knn,linear,lowshot,cluster")
+    parser.add_argument("--calibration-steps", type=int, default=40, help="steps that measure CPU-s per step")
+    parser.add_argument("--out", default="runs/laptop_suite")
+    parser.add_argument("overrides", nargs="*", help="key=value applied to every preset (e.g. for a smoke test)")
+    args = parser.parse_args(argv)
+    if not (Path(args.data) / "train").is_dir():
+        raise SystemExit(f"error: {args.data} has no train/ folder; pass --data the folder that holds "
+                         f"train/<class>/*.jpg (e.g. ../shared/data/cifar10)")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method in methods:
+        preset(method)  # every name checked before any training
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    data_overrides = [f"data.root={args.data}", *args.overrides]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results = {m: run_method(m, args, data_overrides) for m in methods}
+    suite = {"command": shlex.join(["python", "benchmarks/laptop_suite.py", *(argv or sys.argv[1:])]),
+             "date": started, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
+             "cpu_minutes_budget": args.cpu_minutes, "holdout": args.holdout,
+             "raw": raw_pixels(args, Path(args.out) / methods[0] / "run"), "methods": results}
+    out = Path(args.out)
+    (out / "suite.json").write_text(json.dumps(suite, indent=2))
+    (out / "suite.md").write_text(markdown_table(suite))
+    plot_suite(suite, out / "suite.png")
+    print(json.dumps(suite))
+    return suite
+
+
+if __name__ == "__main__":
+    main()
