@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 DTYPE = torch.float64  # the authors' pass: float64 on float32 weights and inputs (--dtype)
@@ -49,13 +50,22 @@ OUT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+class _InertMeta(type):
+    """Class attributes of a stand-in class are stand-in classes too (``InterpolationMode.NEAREST`` as a dict key)."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _InertMeta(name, (), {"__init__": lambda self, *a, **k: None})
+
+
 class _StubModule(types.ModuleType):
     """A module whose unknown attributes are inert classes (enough for module-level imports and decorators)."""
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        cls = type(name, (), {"__init__": lambda self, *a, **k: None})
+        cls = _InertMeta(name, (), {"__init__": lambda self, *a, **k: None})
         setattr(self, name, cls)
         return cls
 
@@ -90,7 +100,9 @@ def _install_stubs() -> list[str]:
     """
     done = []
     if not _importable("torchvision"):
-        for name in ("torchvision", "torchvision.transforms", "torchvision.datasets", "torchvision.models"):
+        for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
+                     "torchvision.datasets", "torchvision.models", "torchvision.ops", "torchvision.ops.misc",
+                     "torchvision.utils"):
             _stub(name)
         done.append("torchvision")
     if not _importable("timm"):
@@ -106,6 +118,9 @@ def _install_stubs() -> list[str]:
         _stub("torch.utils.tensorboard")
     if not _importable("termcolor"):
         _stub("termcolor", colored=lambda s, *a, **k: s)
+    if not _importable("kappadata"):  # MAE-CT utils/naming_util.py: ``isinstance(obj, KDSubset)`` for model names
+        _stub("kappadata")
+        done.append("kappadata")
     if not hasattr(np, "float"):
         np.float = float  # type: ignore[attr-defined]
         done.append("numpy.float = float")
@@ -161,11 +176,12 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _stored_dtype(key: str) -> type:
-    """float64 for what must be exact: losses, the EMA teacher after the update, and the [CLS] token (ours is
-    their [CLS] plus their [CLS] position row, a sum that float32 would round); float32 for the rest. Weights
+    """float64 for what must be exact: losses, the EMA teacher after the update, the NNCLR queue (unit vectors),
+    and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32 would round);
+    float32 for the rest. Weights
     and inputs are made in float32 and the authors' pass runs in float64 on them, so storing them as float32
     is exact; gradients lose only float32 rounding (relative 6e-8)."""
-    exact = key.endswith(("/loss", "cls_token")) or key.startswith("teacher_after/")
+    exact = key.endswith(("/loss", "cls_token", "queue", "queue_after")) or key.startswith("teacher_after/")
     return np.float64 if exact else np.float32
 
 
@@ -522,8 +538,219 @@ def _cpu_cuda_calls() -> Iterator[None]:
         torch.Tensor.cuda = cuda
 
 
+# ---------------------------------------------------------------------------------------------- MAE-CT
+def _maect_vit_to_ours(prefix: str) -> Callable[[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """MAE-CT's models/vit VitMae / MaskedEncoder (timm blocks) -> selfsup's VisionTransformer: ``patch_embed.proj``
+    is our ``patch_embed``; [CLS] (no position row on either side), blocks and the final norm keep their names."""
+
+    def mapping(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+        if name.startswith("patch_embed.proj."):
+            return {prefix + "patch_embed." + name.rsplit(".", 1)[1]: value}
+        if name == "cls_token" or name.startswith(("blocks.", "norm.")):
+            return {prefix + name: value}
+        raise KeyError(f"no selfsup name for MAE-CT encoder parameter {name!r}")
+
+    return mapping
+
+
+def _maect_decoder_to_ours(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    """MAE-CT's MaskedDecoder -> selfsup's MAEDecoder: ``pred`` is our ``head``; ``mask_token`` (1, 1, d) is our (d,)."""
+    if name == "mask_token":
+        return {"decoder.mask_token": value.reshape(-1)}
+    if name.startswith("pred."):
+        return {"decoder.head." + name.split(".", 1)[1]: value}
+    if name.startswith(("embed.", "blocks.", "norm.")):
+        return {"decoder." + name: value}
+    raise KeyError(f"no selfsup name for MAE-CT decoder parameter {name!r}")
+
+
+def _maect_modules(repo: str):
+    stubs = _install_stubs()
+    with _on_path(repo):
+        from losses.mae_vit_loss import mae_vit_loss
+        from models.contrastive_heads.nnclr_ema_queue_head import NnclrEmaQueueHead
+        from models.contrastive_heads.nnclr_head import NnclrHead
+        from models.vit.mask_generators.random_mask_generator import RandomMaskGenerator
+        from models.vit.masked_decoder import MaskedDecoder
+        from models.vit.masked_encoder import MaskedEncoder
+    logging.getLogger().setLevel(logging.ERROR)  # their models log at INFO / warn about FlashAttention
+    return stubs, types.SimpleNamespace(
+        mae_vit_loss=mae_vit_loss, NnclrEmaQueueHead=NnclrEmaQueueHead, NnclrHead=NnclrHead,
+        RandomMaskGenerator=RandomMaskGenerator, MaskedDecoder=MaskedDecoder, MaskedEncoder=MaskedEncoder)
+
+
+def _maect_encoder(m, cfg: dict, gen: torch.Generator) -> nn.Module:
+    shape = (3, cfg["img_size"], cfg["img_size"])
+    encoder = m.MaskedEncoder(input_shape=shape, patch_size=cfg["patch_size"], embedding_dim=cfg["embed_dim"],
+                              depth=cfg["depth"], attention_heads=cfg["num_heads"])
+    encoder._model_specific_initialization()  # their sin-cos position embedding and init (an initializer calls it)
+    _perturb(encoder, 0.02, gen)
+    return encoder
+
+
+def golden_mae(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """MAE as MAE-CT (ml-jku/MAE-CT) implements it: MaskedEncoder (random masking from a noise, timm blocks),
+    MaskedDecoder (mask tokens, unshuffle by ids_restore, sin-cos positions), losses/mae_vit_loss.py with
+    normalised pixels and MSE (MaeVitTrainer's defaults)."""
+    stubs, m = _maect_modules(repo)
+    cfg = {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "batch": 8,
+           "mask_ratio": 0.75, "decoder_dim": 32, "decoder_depth": 1, "decoder_heads": 2}
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    encoder = _maect_encoder(m, cfg, gen)
+    decoder = m.MaskedDecoder(patch_size=cfg["patch_size"], embedding_dim=cfg["decoder_dim"],
+                              depth=cfg["decoder_depth"], attention_heads=cfg["decoder_heads"],
+                              n_aux_tokens=encoder.n_aux_tokens, input_shape=encoder.output_shape,
+                              output_shape=(3, cfg["img_size"], cfg["img_size"]))
+    decoder._model_specific_initialization()
+    _perturb(decoder, 0.02, gen)
+    nn.Module.to(encoder, DTYPE).train()  # their SingleModelBase.to accepts only a device
+    nn.Module.to(decoder, DTYPE).train()
+    b, s, grid = cfg["batch"], cfg["img_size"], cfg["img_size"] // cfg["patch_size"]
+    x = torch.randn(b, 3, s, s, generator=gen).to(DTYPE)
+    noise = torch.rand(b, grid, grid, generator=gen)
+    mask_generator = m.RandomMaskGenerator(mask_ratio=cfg["mask_ratio"])
+    mask_generator.generate_noise = lambda x_, generator=None: noise.to(x_.device)  # the fixed noise
+
+    latent, mask, ids_restore = encoder(x, mask_generator=mask_generator)  # MaeVit.forward: encode, then decode
+    x_hat = decoder(latent, ids_restore=ids_restore)
+    loss = m.mae_vit_loss(x=x, x_hat=x_hat, patch_size=encoder.patch_size, normalize_pixels=True,
+                          base_loss_function=nn.MSELoss(reduction="none"), mask=mask)
+    loss.backward()
+    print(f"mae: loss {loss.item():.7f}")
+
+    enc_map, arrays = _maect_vit_to_ours("encoder."), {}
+    grads = {f"encoder/{k}": p.grad for k, p in encoder.named_parameters()}
+    grads.update({f"decoder/{k}": p.grad for k, p in decoder.named_parameters()})
+
+    def both(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+        part, rest = name.split("/", 1)
+        return enc_map(rest, value) if part == "encoder" else _maect_decoder_to_ours(rest, value)
+
+    weights = {f"encoder/{k}": p for k, p in encoder.named_parameters()}
+    weights.update({f"decoder/{k}": p for k, p in decoder.named_parameters()})
+    arrays.update(_renamed(weights, both, "student"))
+    arrays.update(_renamed(grads, both, "mae/grad"))
+    arrays["mae/loss"] = _np(loss)
+    arrays["input/view0"] = _np(x)
+    arrays["input/noise"] = _np(noise.reshape(b, grid * grid))
+    arrays["input/mask"] = _np(mask)  # theirs: 1 = hidden from the encoder
+    arrays["input/ids_restore"] = ids_restore.numpy()
+    arrays["input/pos_embed"] = _np(encoder.pos_embed)
+    arrays["input/decoder_pos_embed"] = _np(decoder.pos_embed)
+    meta = {"method": "mae", "repo": "ml-jku/MAE-CT", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg, "cases": {"mae": {"loss": loss.item()}},
+            "stubs": stubs,
+            "notes": ["their RandomMaskGenerator.generate_noise returns the stored noise (B, H, W), flattened "
+                      "row-major as input/noise (B, N): the kept tokens are the len_keep lowest noise values",
+                      "timm 0.9.16 (their environment pins no version) supplies the blocks' Attention / Mlp",
+                      "weights: their init + 0.02 N(0,1) on every trainable parameter"]}
+    _save("mae", meta, arrays, out_dir)
+
+
+def golden_nnclr(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """NNCLR heads as MAE-CT (ml-jku/MAE-CT) implements them, on its ViT encoder ([CLS] pooling): NnclrHead
+    (the nearest neighbour, case ``nnclr``) and NnclrEmaQueueHead (MAE-CT's CT head: EMA projector on the
+    neighbour path, a uniform draw among the top-k under a fixed seed, case ``ct``); queue, loss, EMA."""
+    stubs, m = _maect_modules(repo)
+    cfg = {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "batch": 8,
+           "projector": [64, 64, 16], "predictor": [64, 16], "queue_size": 32, "temperature": 0.15,
+           "topk": 3, "projector_momentum": 0.99, "seed": 5}
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    encoder = _maect_encoder(m, cfg, gen)
+    b, s = cfg["batch"], cfg["img_size"]
+    views = [torch.randn(b, 3, s, s, generator=gen).to(DTYPE) for _ in range(2)]
+    # unit vectors in DTYPE (stored float64): selfsup re-normalises the neighbours, which must not change them
+    queue0 = F.normalize(torch.randn(cfg["queue_size"], cfg["projector"][-1], generator=gen).to(DTYPE), dim=1)
+    common = dict(input_shape=encoder.output_shape, queue_size=cfg["queue_size"], output_dim=cfg["projector"][-1],
+                  pooling=dict(kind="class_token"), temperature=cfg["temperature"],
+                  proj_hidden_dim=cfg["projector"][0], pred_hidden_dim=cfg["predictor"][0])
+    heads = {"nnclr": m.NnclrHead(topk=0, **common),
+             "ct": m.NnclrEmaQueueHead(topk=cfg["topk"], target_factor=cfg["projector_momentum"], **common)}
+    _perturb(heads["nnclr"], 0.02, gen)
+    with torch.no_grad():  # the same student head in both cases; the CT teacher projector 0.02 N(0,1) away
+        for p_ct, p in zip(heads["ct"].parameters(), heads["nnclr"].parameters()):
+            p_ct.copy_(p)
+        for p_t, p in zip(heads["ct"].target_projector.parameters(), heads["ct"].projector.parameters()):
+            p_t.copy_(p + 0.02 * torch.randn(p.shape, generator=gen))
+    nn.Module.to(encoder, DTYPE).train()  # their SingleModelBase.to accepts only a device
+    arrays: dict[str, np.ndarray] = {}
+    cases = {}
+    enc_state = copy.deepcopy(encoder.state_dict())
+    for case, head in heads.items():
+        nn.Module.to(head, DTYPE).train()
+        head.queue.copy_(queue0.to(DTYPE))
+        encoder.load_state_dict(enc_state)
+        encoder.zero_grad(set_to_none=True)
+        student = {f"encoder/{k}": p.detach().clone() for k, p in encoder.named_parameters()}
+        student.update({f"head/{k}": p.detach().clone() for k, p in head.named_parameters() if p.requires_grad})
+        teacher = {f"head/{k}": p.detach().clone() for k, p in head.named_parameters() if not p.requires_grad}
+        # MaeContheadsVit: the encoder on both views at once (no mask in the CT stages), the head on each view
+        tokens = encoder(torch.cat(views), mask_generator=None)
+        outputs = {f"view{i}": head(tokens[i * b:(i + 1) * b]) for i in range(2)}
+        drawn = []
+        randint = torch.randint
+
+        def recording_randint(*args, **kwargs):
+            out = randint(*args, **kwargs)
+            drawn.append(out.clone())
+            return out
+
+        torch.manual_seed(cfg["seed"])
+        torch.randint = recording_randint
+        try:
+            losses, _ = head.get_loss(outputs, idx=torch.arange(b), y=torch.zeros(b, dtype=torch.long))
+        finally:
+            torch.randint = randint
+        loss = losses["total"]
+        loss.backward()
+        if case == "ct":
+            head.after_update_step()  # update_ema(projector, target_projector, 0.99)
+        print(f"nnclr {case}: loss {loss.item():.7f}; top-k draws {[d.tolist() for d in drawn]}")
+
+        def ours(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+            part, rest = name.split("/", 1)
+            if part == "encoder":
+                return _maect_vit_to_ours("encoder.")(rest, value)
+            if rest.startswith("target_projector."):
+                return {"projector_ema.module." + rest.split(".", 1)[1]: value}
+            return {rest: value}  # projector.i / predictor.i: the same indices as selfsup's mlp
+
+        grads = {f"encoder/{k}": p.grad for k, p in encoder.named_parameters()}
+        grads.update({f"head/{k}": p.grad for k, p in head.named_parameters() if p.requires_grad})
+        arrays[f"{case}/loss"] = _np(loss)
+        case_grads = _renamed(grads, ours, f"{case}/grad")
+        arrays.update(case_grads if case == "nnclr" else _subset(case_grads))
+        arrays[f"{case}/queue_after"] = _np(head.queue)
+        arrays[f"{case}/topk_draws"] = torch.stack(drawn).numpy() if drawn else np.zeros((0, b), dtype=np.int64)
+        if case == "nnclr":
+            arrays.update(_renamed(student, ours, "student"))
+        else:
+            arrays.update(_renamed(teacher, ours, "teacher"))
+            after = {f"head/{k}": p for k, p in head.named_parameters() if not p.requires_grad}
+            arrays.update(_subset({k.replace("projector_ema.module.", "projector."): v
+                                   for k, v in _renamed(after, ours, "teacher_after").items()}, EMA_SUBSET))
+        cases[case] = {"loss": loss.item(), "topk": cfg["topk"] if case == "ct" else 1,
+                       "projector_momentum": cfg["projector_momentum"] if case == "ct" else None}
+    arrays["input/view0"], arrays["input/view1"] = _np(views[0]), _np(views[1])
+    arrays["input/queue"] = _np(queue0)
+    meta = {"method": "nnclr", "repo": "ml-jku/MAE-CT", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg, "cases": cases, "stubs": stubs,
+            "notes": ["their encoder (MaskedEncoder without a mask generator) on both views at once, pooled by "
+                      "[CLS] (SinglePooling 'class_token'); the head on each view (BatchNorm per view)",
+                      "their top-k draw is torch.randint on the global generator, seeded with config.seed just "
+                      "before get_loss; the draws are stored as <case>/topk_draws (view 0, then view 1)",
+                      "queue: input/queue (random unit vectors, ids -1 so none is excluded as 'self'); "
+                      "<case>/queue_after: after their dequeue_and_enqueue of view 0",
+                      "teacher_after (ct): their after_update_step (update_ema, factor 0.99) on the stored head, "
+                      "no optimiser step; names projector_ema.module.* stored as teacher_after/projector.*",
+                      "weights: their init + 0.02 N(0,1); the CT teacher projector another 0.02 N(0,1) away"]}
+    _save("nnclr", meta, arrays, out_dir)
+
+
 # ------------------------------------------------------------------------------------------------ main
-METHODS = {"msn": golden_msn, "extrema": golden_extrema}
+METHODS = {"msn": golden_msn, "extrema": golden_extrema, "mae": golden_mae, "nnclr": golden_nnclr}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from selfsup.data.masking import keep_to_mask, random_keep_indices
 from selfsup.methods.extrema import ExtreMA, ExtreMAConfig
+from selfsup.methods.mae import MAE, MAEConfig
 from selfsup.methods.msn import MSN, MSNConfig
+from selfsup.methods.nnclr import NNCLR, NNCLRConfig
 from selfsup.models.vit import VisionTransformer
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -180,3 +183,99 @@ def test_extrema_golden_detects_a_wrong_temperature(monkeypatch: pytest.MonkeyPa
     _, arrays = load("extrema")
     _, loss = extrema_step("infonce", monkeypatch, temperature=0.22)
     assert abs(loss.item() / arrays["infonce/loss"].item() - 1) > 100 * LOSS_RTOL
+
+
+# ------------------------------------------------------------------------------------------ MAE (MAE-CT)
+def test_mae_matches_authors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAE as ml-jku/MAE-CT implements it: masking from the same noise (the lowest len_keep noise values are
+    kept), encoder on the kept tokens, decoder with mask tokens un-shuffled into place, normalised-pixel MSE on
+    the hidden patches: the mask, the loss and every gradient."""
+    meta, arrays = load("mae")
+    cfg, inputs = meta["config"], group(arrays, "input")
+    vit = VisionTransformer(img_size=cfg["img_size"], patch_size=cfg["patch_size"], in_channels=3,
+                            embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                            pos_embed="sincos", layer_norm_eps=1e-6)
+    mcfg = MAEConfig(mask_ratio=cfg["mask_ratio"], decoder_dim=cfg["decoder_dim"], decoder_depth=cfg["decoder_depth"],
+                     decoder_heads=cfg["decoder_heads"], norm_pix_loss=True)
+    model = MAE(vit, mcfg, total_steps=1).to(DTYPE).train()
+    torch.testing.assert_close(model.encoder.pos_embed, inputs["pos_embed"], atol=1e-7, rtol=0)
+    torch.testing.assert_close(model.decoder.pos_embed, inputs["decoder_pos_embed"], atol=1e-7, rtol=0)
+    load_weights(model, arrays)
+
+    monkeypatch.setattr("selfsup.data.masking._uniform_noise", lambda shape, generator: inputs["noise"].float())
+    keep = random_keep_indices(cfg["batch"], inputs["noise"].shape[1], cfg["mask_ratio"])
+    assert torch.equal(keep_to_mask(keep, inputs["noise"].shape[1]).to(DTYPE), inputs["mask"])
+
+    out = model([inputs["view0"]])
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(arrays["mae/loss"].item(), rel=LOSS_RTOL)
+    grads = group(arrays, "mae/grad")
+    assert len(grads) >= 20
+    assert_grads(model, grads)
+
+
+# ------------------------------------------------------------------------------- NNCLR / MAE-CT's CT head
+def nnclr_step(case: str, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> tuple[NNCLR, torch.Tensor, list]:
+    meta, arrays = load("nnclr")
+    cfg, spec, inputs = meta["config"], meta["cases"][case], group(arrays, "input")
+    vit = VisionTransformer(img_size=cfg["img_size"], patch_size=cfg["patch_size"], in_channels=3,
+                            embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                            pos_embed="sincos", layer_norm_eps=1e-6)
+    ncfg = NNCLRConfig(projector=cfg["projector"], predictor=cfg["predictor"], queue_size=cfg["queue_size"],
+                       temperature=cfg["temperature"], topk=spec["topk"], projector_momentum=spec["projector_momentum"])
+    model = NNCLR(vit, dataclasses.replace(ncfg, **overrides), total_steps=1).to(DTYPE).train()
+    values = group(arrays, "student")
+    if spec["projector_momentum"] is not None:
+        values.update(group(arrays, "teacher"))  # stored under their selfsup names, projector_ema.module.*
+    params = dict(model.named_parameters())
+    assert set(params) == set(values), set(params) ^ set(values)
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(values[name])
+        model.queue.features.copy_(inputs["queue"])
+        model.queue.pointer.zero_()
+
+    drawn = []
+    randint = torch.randint
+
+    def recording_randint(*args, **kwargs):
+        out = randint(*args, **kwargs)
+        drawn.append(out.clone())
+        return out
+
+    monkeypatch.setattr(torch, "randint", recording_randint)
+    torch.manual_seed(cfg["seed"])  # their draw: the global generator seeded just before the loss
+    out = model([inputs["view0"], inputs["view1"]])
+    out.loss.backward()
+    return model, out.loss.detach(), drawn
+
+
+@pytest.mark.parametrize("case", ["nnclr", "ct"])
+def test_nnclr_matches_authors(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NNCLR (nearest neighbour) and MAE-CT's CT head (EMA projector on the neighbour path, uniform draw among
+    the top-k under a fixed seed) vs ml-jku/MAE-CT: the draws, loss, every stored gradient, the queue after the
+    push and the EMA projector."""
+    meta, arrays = load("nnclr")
+    model, loss, drawn = nnclr_step(case, monkeypatch)
+    if meta["cases"][case]["topk"] > 1:
+        assert torch.equal(torch.stack(drawn), arrays[f"{case}/topk_draws"])
+    assert loss.item() == pytest.approx(arrays[f"{case}/loss"].item(), rel=LOSS_RTOL)
+    grads = group(arrays, f"{case}/grad")
+    assert len(grads) >= 5
+    assert_grads(model, grads)
+    model.after_step(0)
+    torch.testing.assert_close(model.queue.features, arrays[f"{case}/queue_after"], atol=1e-7, rtol=0)
+    assert int(model.queue.pointer) == meta["config"]["batch"]
+    if meta["cases"][case]["projector_momentum"] is not None:
+        params = dict(model.named_parameters())
+        after = group(arrays, "teacher_after")
+        assert after
+        for name, expected in after.items():
+            torch.testing.assert_close(params["projector_ema.module." + name.split(".", 1)[1]], expected,
+                                       atol=EMA_ATOL, rtol=0)
+
+
+def test_nnclr_golden_detects_a_wrong_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, arrays = load("nnclr")
+    _, loss, _ = nnclr_step("ct", monkeypatch, temperature=0.165)
+    assert abs(loss.item() / arrays["ct/loss"].item() - 1) > 100 * LOSS_RTOL
