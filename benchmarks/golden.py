@@ -17,8 +17,8 @@ authors' code. Nothing of the authors' code is stored in this project: their mod
 directory given (``--repo``), with stand-ins for imports that only data loading and logging need (see
 ``_install_stubs``) and the runtime patches listed in ``tests/golden/README.md``.
 
-    python benchmarks/golden.py msn --repo /tmp/anchors/msn
-    python benchmarks/golden.py extrema --repo /tmp/anchors/extrema
+    python benchmarks/golden.py msn --repo /tmp/anchors_golden/msn
+    python benchmarks/golden.py extrema --repo /tmp/anchors_golden/extrema
 
 Get the repositories as in ``../shared/anchors-bench/README.md`` (``git archive`` of the public repos into a
 directory outside every repository).
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib.abc
 import importlib.util
 import json
 import logging
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import numpy as np
 import torch
@@ -56,7 +58,11 @@ class _InertMeta(type):
     def __getattr__(cls, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _InertMeta(name, (), {"__init__": lambda self, *a, **k: None})
+        return _InertMeta(name, (), dict(_INERT))
+
+
+# an inert class: constructible with anything; an instance called on something returns it (a decorator)
+_INERT = {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: (a[0] if a else None)}
 
 
 class _StubModule(types.ModuleType):
@@ -65,7 +71,7 @@ class _StubModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        cls = _InertMeta(name, (), {"__init__": lambda self, *a, **k: None})
+        cls = _InertMeta(name, (), dict(_INERT))
         setattr(self, name, cls)
         return cls
 
@@ -90,6 +96,33 @@ def _stub(name: str, **attrs: object) -> None:
         setattr(sys.modules[parent], child, mod)
 
 
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers every import under the given top-level names with a ``_StubModule`` (e.g. all of ``ffcv``)."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.roots:
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = _StubModule(spec.name)
+        mod.__path__ = []  # type: ignore[attr-defined]
+        return mod
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _stub_tree(*roots: str) -> list[str]:
+    missing = tuple(r for r in roots if not _importable(r))
+    if missing:
+        sys.meta_path.append(_StubFinder(missing))
+    return list(missing)
+
+
 def _install_stubs() -> list[str]:
     """Stand-ins for modules the authors' files import but never use in the model or loss.
 
@@ -99,12 +132,7 @@ def _install_stubs() -> list[str]:
     uses ``np.float`` (removed in NumPy 1.24) in its sin-cos position embedding.
     """
     done = []
-    if not _importable("torchvision"):
-        for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
-                     "torchvision.datasets", "torchvision.models", "torchvision.ops", "torchvision.ops.misc",
-                     "torchvision.utils"):
-            _stub(name)
-        done.append("torchvision")
+    done += _stub_tree("torchvision")  # every torchvision.* module: inert classes
     if not _importable("timm"):
         for name in ("timm", "timm.models", "timm.optim", "timm.optim.optim_factory"):
             _stub(name)
@@ -491,7 +519,7 @@ def golden_extrema(repo: str, out_dir: str, command: str, commit: str) -> None:
             case_grads[f"{case}/grad/predictor.{EXTREMA_HEAD[k_.split('.')[0]]}.{k_.split('.')[1]}"] = _np(p.grad)
         arrays.update(case_grads if case == "byol" else _subset(case_grads))
         cases[case] = {"loss": loss.item()}
-        print(f"extrema {case}: loss {float(loss):.7f}")
+        print(f"extrema {case}: loss {loss.item():.7f}")
     teacher_after = dict(model.momentum_encoder.named_parameters())
 
     arrays.update(_merge_parts(_renamed(student0, _extrema_vit_to_ours(""), "student")))
@@ -749,8 +777,54 @@ def golden_nnclr(repo: str, out_dir: str, command: str, commit: str) -> None:
     _save("nnclr", meta, arrays, out_dir)
 
 
+# ------------------------------------------------------------------------------- multi-view BT / VICReg
+def golden_multiview(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """Multi-view Barlow Twins and VICReg losses of kumarkrishna/fastssl (fastssl/models/barlow_twins.py
+    ``BarlowTwinLoss``, fastssl/models/vicreg.py ``VICRegLoss``) on fixed embeddings of M = 2 and M = 4 views.
+
+    Their loss functions run ``model(torch.vstack(views))``; the model here is the identity, so the "images" are
+    the embeddings and the gradients are with respect to them."""
+    stubs = _install_stubs() + _stub_tree("ffcv", "numba")
+    with _on_path(repo):
+        from fastssl.models.barlow_twins import BarlowTwinLoss
+        from fastssl.models.vicreg import VICRegLoss
+    cfg = {"batch": 16, "dim": 8, "views": [2, 4], "barlow_lambda": 1 / 128, "vicreg_sim": 25.0, "vicreg_var": 25.0,
+           "vicreg_cov": 1.0}
+    gen = torch.Generator().manual_seed(0)
+    n, d = cfg["batch"], cfg["dim"]
+    scale = torch.linspace(0.4, 1.6, d)  # per-dimension spread: VICReg's std hinge is active in some dimensions only
+    arrays: dict[str, np.ndarray] = {}
+    cases = {}
+    for m in cfg["views"]:
+        shared = torch.randn(n, d, generator=gen)
+        views = (0.8 * shared + 0.4 * torch.randn(m, n, d, generator=gen)) * scale + 0.3 * torch.randn(d, generator=gen)
+        arrays[f"input/m{m}"] = _np(views)
+        labels = torch.zeros(n, dtype=torch.long)
+        for name, fn in (("barlow", partial(BarlowTwinLoss, _lambda=cfg["barlow_lambda"])),
+                         ("vicreg", partial(VICRegLoss, _lambda=cfg["vicreg_sim"], _mu=cfg["vicreg_var"]))):
+            z = views.to(DTYPE).requires_grad_(True)
+            inp = [z[0], labels, *z[1:]]  # their loaders yield (view 0, label, view 1, ...): they pop index 1
+            with _cpu_cuda_calls():
+                loss = fn(lambda x: x, inp)
+            loss.backward()
+            case = f"{name}_m{m}"
+            arrays[f"{case}/loss"] = _np(loss)
+            arrays[f"{case}/grad/views"] = _np(z.grad)
+            cases[case] = {"loss": loss.item(), "views": m}
+            print(f"multiview {case}: loss {loss.item():.7f}")
+    meta = {"method": "multiview", "repo": "kumarkrishna/fastssl", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg, "cases": cases, "stubs": stubs,
+            "notes": ["their loss functions with model = identity on torch.vstack(views): the gradients are "
+                      "with respect to the embeddings (input/m<M>, (M, N, d))",
+                      "Barlow: _lambda = 1/128 (their default); VICReg: _lambda = _mu = 25, covariance weight 1",
+                      "Tensor.cuda is the identity during the call; stand-ins for torchvision, ffcv and numba "
+                      "(their data modules, imported by the model files)"]}
+    _save("multiview", meta, arrays, out_dir)
+
+
 # ------------------------------------------------------------------------------------------------ main
-METHODS = {"msn": golden_msn, "extrema": golden_extrema, "mae": golden_mae, "nnclr": golden_nnclr}
+METHODS = {"msn": golden_msn, "extrema": golden_extrema, "mae": golden_mae, "nnclr": golden_nnclr,
+           "multiview": golden_multiview}
 
 
 def main(argv: list[str] | None = None) -> None:
