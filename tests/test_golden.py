@@ -335,3 +335,19 @@ def test_multiview_barlow_matches_authors(case: str, monkeypatch: pytest.MonkeyP
     loss.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=LOSS_RTOL)
     torch.testing.assert_close(views.grad, expected_grad, atol=GRAD_ATOL, rtol=GRAD_RTOL)
+
+
+def test_golden_script_loads_without_the_authors_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/golden.py imports the authors' modules only when run on their directory: it loads here."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "golden.py"
+    spec = importlib.util.spec_from_file_location("golden_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    assert set(module.METHODS) == {"msn", "extrema", "mae", "nnclr", "multiview"}
+    assert {p.stem for p in GOLDEN.glob("*.npz")} == set(module.METHODS)
+    assert all(p.stat().st_size < 800_000 for p in GOLDEN.glob("*.npz"))
