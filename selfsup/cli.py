@@ -163,7 +163,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from selfsup.report import build_report
 
-    out = build_report(args.run_dir, args.out, overrides=args.overrides, progress=sys.stderr.isatty())
+    out = build_report(args.run_dir, args.out, overrides=args.overrides, max_train=args.max_train,
+                       tsne_points=args.tsne, progress=sys.stderr.isatty())
     print(json.dumps({"out": str(out)}))
 
 
@@ -226,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the data read, e.g. data.root=...")
     p.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html)")
+    p.add_argument("--max-train", type=int, default=2000, help="training images sampled for the maps, the "
+                                                                "spectrum and the retrieval gallery (default 2000)")
+    p.add_argument("--tsne", type=int, default=500, help="points in the t-SNE map (default 500; 0: PCA only)")
     p.set_defaults(func=cmd_report)
     return parser
 

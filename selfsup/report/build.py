@@ -54,6 +54,7 @@ h3{font-size:15px;margin:14px 0 6px}
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
 td,th{border:1px solid #dde3ea;padding:3px 10px;text-align:right}th{background:#f1f4f8}
 td:first-child,th:first-child{text-align:left}
+table.kv td{text-align:left}table.kv td:first-child{color:#555;white-space:nowrap}
 pre{background:#f6f8fa;border:1px solid #e1e4e8;padding:8px;font-size:12px;overflow:auto;max-height:420px}
 img{max-width:100%;height:auto;display:block;margin:6px 0}
 .note{color:#666;font-size:13px}.best{font-weight:bold}
@@ -92,6 +93,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _facts(rows: Sequence[tuple[str, str]]) -> str:
+    """A two-column key/value table (values already escaped)."""
+    return '<table class="kv">' + "".join(f"<tr><td>{_esc(k)}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
 
 def _number(value: Any) -> str:
@@ -164,7 +170,7 @@ def _summary(run_dir: Path, meta: dict[str, Any] | None, columns: list[str], row
         last = rows[-1]
         shown = [c for c in columns if c not in _NOT_CURVES and last.get(c) not in (None, "")][:8]
         facts.append(("last logged step", _esc(", ".join(f"{c}={_number(_float(last[c]))}" for c in shown))))
-    return _table(["", ""], facts)
+    return _facts(facts)
 
 
 def _config_section(run_dir: Path) -> str:
@@ -296,7 +302,8 @@ def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
              ("views", _esc("; ".join(f"{v.num} x {v.preset}" + (f" at {v.size} px" if v.size else "")
                                       + (f" {v.params}" if v.params else "") for v in sample.cfg.views)))]
     count = min(12, len(sample.train_images))
-    images = sample.train_images[:count]
+    shown = torch.randperm(len(sample.train_images), generator=torch.Generator().manual_seed(1))[:count]
+    images = sample.train_images[shown]
     rows: list[tuple[str, torch.Tensor]] = [("images", images)]
     torch.manual_seed(0)
     for i, view in enumerate(sample.cfg.views):
@@ -315,11 +322,11 @@ def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
             ax.imshow(array, interpolation="nearest", **kw)
             ax.set_xticks([])
             ax.set_yticks([])
-            if r == 0 and sample.train_labels is not None:
-                ax.set_title(sample.name(int(sample.train_labels[c])), fontsize=7)
-        axes[r, 0].set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
+            if r == 0:
+                ax.set_title(sample.name(int(sample.train_labels[shown[c]])), fontsize=8)
+        axes[r, 0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
     fig.tight_layout()
-    return _table(["", ""], facts) + "<h3>Training images and the views the method saw</h3>" \
+    return _facts(facts) + "<h3>Training images and the views the method saw</h3>" \
         + _img(_figure_uri(fig), "training images and augmented views")
 
 
@@ -341,12 +348,12 @@ def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
     rows = []
     for name, values in feats.items():
         p = _spectrum(values)
-        ax.semilogy(np.arange(1, len(p) + 1), np.maximum(p, 1e-12), label=f"{name} (d={values.shape[1]})")
+        shown = p[p > 1e-7 * p[0]] if p[0] > 0 else p[:1]  # leave out numerically-zero directions
+        ax.loglog(np.arange(1, len(shown) + 1), shown, label=f"{name} (d={values.shape[1]}, {len(shown)} nonzero)")
         rows.append([_esc(name), str(values.shape[1]), f"{_effective_rank(p):.1f}",
                      f"{100 * p[:max(1, len(p) // 10)].sum():.1f} %"])
     ax.set_xlabel("component (sorted)")
     ax.set_ylabel("share of the variance")
-    ax.set_xscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -361,7 +368,8 @@ def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
             fig, ax = plt.subplots(figsize=(6.5, 3.6))
             picks = sorted(set(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int).tolist()))
             for i in picks:
-                p = np.maximum(eig[i] / max(eig[i].sum(), 1e-30), 1e-12)
+                p = eig[i] / max(eig[i].sum(), 1e-30)
+                p = p[p > 1e-7 * p.max()] if p.max() > 0 else p[:1]
                 ax.loglog(np.arange(1, len(p) + 1), p, label=f"step {int(steps[i])}")
             ax.set_xlabel("component (sorted)")
             ax.set_ylabel("share of the variance")
@@ -373,7 +381,7 @@ def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
     return text
 
 
-def _map_section(sample: _Sample, feats: torch.Tensor) -> str:
+def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
     import matplotlib.pyplot as plt
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
@@ -381,10 +389,10 @@ def _map_section(sample: _Sample, feats: torch.Tensor) -> str:
     x = feats.numpy().astype(np.float64)
     labels = sample.train_labels.numpy()
     maps = [("PCA", PCA(n_components=2, random_state=0).fit_transform(x))]
-    tsne_n = min(len(x), 1000)
-    if tsne_n >= 10:
+    tsne_n = min(len(x), tsne_points)
+    if tsne_n >= 10:  # the first points of a seeded sample: a seeded subset
         perplexity = float(min(30, max(2, (tsne_n - 1) // 4)))
-        maps.append((f"t-SNE ({tsne_n} points)", TSNE(n_components=2, init="pca", random_state=0,
+        maps.append((f"t-SNE ({tsne_n} points)", TSNE(n_components=2, init="pca", random_state=0, max_iter=500,
                                                        perplexity=perplexity).fit_transform(x[:tsne_n])))
     fig, axes = plt.subplots(1, len(maps), figsize=(5.4 * len(maps), 4.6), squeeze=False)
     cmap = plt.get_cmap("tab10" if labels.max() < 10 else "tab20")
@@ -411,15 +419,15 @@ def _retrieval_section(sample: _Sample, train_feats: torch.Tensor, query_feats: 
     gallery = torch.nn.functional.normalize(train_feats, dim=1)
     q = torch.nn.functional.normalize(query_feats[:queries], dim=1)
     sims, idx = (q @ gallery.T).topk(k, dim=1)
-    fig, axes = plt.subplots(queries, k + 1, figsize=(1.15 * (k + 1), 1.3 * queries), squeeze=False)
+    fig, axes = plt.subplots(queries, k + 1, figsize=(1.3 * (k + 1), 1.5 * queries), squeeze=False)
     hits = 0
     for r in range(queries):
         query_label = int(sample.query_labels[r])
-        cells = [(sample.query_images[r], f"query: {sample.name(query_label)}", "#23395d")]
+        cells = [(sample.query_images[r], f"query {sample.name(query_label)}", "#23395d")]
         for j in range(k):
             label = int(sample.train_labels[idx[r, j]])
             hits += label == query_label
-            cells.append((sample.train_images[idx[r, j]], f"{sample.name(label)} {sims[r, j]:.2f}",
+            cells.append((sample.train_images[idx[r, j]], f"{sample.name(label)} {sims[r, j]:.3f}",
                           "#2e8b57" if label == query_label else "#c0392b"))
         for c, (image, title, colour) in enumerate(cells):
             ax = axes[r, c]
@@ -427,7 +435,7 @@ def _retrieval_section(sample: _Sample, train_feats: torch.Tensor, query_feats: 
             ax.imshow(array, interpolation="nearest", **kw)
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_title(title, fontsize=6.5, color=colour)
+            ax.set_title(title, fontsize=8, color=colour)
             for spine in ax.spines.values():
                 spine.set_edgecolor(colour)
                 spine.set_linewidth(3 if c else 2)
@@ -479,11 +487,12 @@ def _quick_knn(sample: _Sample, feats: dict[str, tuple[torch.Tensor, torch.Tenso
 
 # -------------------------------------------------------------------------------------------------- the page
 def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: Sequence[str] = (),
-                 max_train: int = 2000, max_query: int = 500, progress: bool = False) -> Path:
+                 max_train: int = 2000, max_query: int = 500, tsne_points: int = 500, progress: bool = False) -> Path:
     """Write ``out`` (default ``RUN_DIR/report.html``): one HTML file, every image inlined; returns its path.
 
     The data sections read a seeded sample of the run's labelled splits (``max_train`` training images, the
-    gallery of the retrieval grid and of the maps; ``max_query`` evaluation images); ``overrides`` are
+    gallery of the retrieval grid and of the maps; ``max_query`` evaluation images; ``tsne_points`` of the training
+    sample in the t-SNE map, 0: PCA only, t-SNE costs ~20 CPU-s for 500 points); ``overrides`` are
     ``key=value`` settings of the data read (e.g. ``data.root=...``). When the data or the backbone cannot be
     read, those sections say why and the rest of the page is still written.
     """
@@ -534,7 +543,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
         body["data"] = _data_section(sample, meta)
         body["spectrum"] = _spectrum_section(run_dir, {"backbone": train_feats, "random network": random_train,
                                                        "raw pixels": raw_train})
-        body["embedding-map"] = _map_section(sample, train_feats)
+        body["embedding-map"] = _map_section(sample, train_feats, tsne_points)
         body["retrieval"] = _retrieval_section(sample, train_feats, query_feats)
         if evals:
             body["evaluation"] = _eval_tables(evals)
