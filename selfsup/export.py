@@ -75,10 +75,18 @@ def export(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> dict
 
 
 def _torchscript(model: nn.Module, example: torch.Tensor, out: Path, info: dict[str, Any]) -> None:
+    # torch 2.13 deprecates TorchScript in favour of torch.export, but torch.jit.load still runs it (and C++ libtorch).
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # input checks become constants at this size
+        warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(model, example)
-    atomic_write(out, lambda tmp: torch.jit.save(traced, tmp, _extra_files={"selfsup.json": json.dumps(info)}))
+
+    def write(tmp: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.save(traced, tmp, _extra_files={"selfsup.json": json.dumps(info)})
+
+    atomic_write(out, write)
 
 
 def _onnx(model: nn.Module, example: torch.Tensor, out: Path, info: dict[str, Any]) -> None:
@@ -87,7 +95,8 @@ def _onnx(model: nn.Module, example: torch.Tensor, out: Path, info: dict[str, An
         import onnxscript  # noqa: F401 - torch's ONNX exporter needs it
     except ImportError as err:
         raise ExportError(f"ONNX export needs the onnx extra: pip install 'selfsup[onnx]' ({err})") from err
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed. Skipping ..."
+    for name in ("torch.onnx", "onnxscript", "onnx_ir"):  # "torchvision is not installed. Skipping ...", ...
+        logging.getLogger(name).setLevel(logging.ERROR)
 
     def write(tmp: str) -> None:
         with warnings.catch_warnings():
