@@ -66,7 +66,7 @@ class Preprocess:
         if isinstance(images, (str, Path)) or _is_pil(images):
             return self._decode(images)
         if isinstance(images, np.ndarray):
-            images = torch.from_numpy(np.ascontiguousarray(images))
+            images = torch.from_numpy(np.array(images))  # a writable copy
             if images.ndim == 2:  # (H, W) gray, as np.asarray(PIL image) gives it
                 images = images[None]
             elif images.ndim == 3 and images.shape[-1] in (1, 3) and images.shape[0] not in (1, 3):
@@ -108,7 +108,7 @@ class Preprocess:
             buffer.seek(0)
             image = buffer
         array = decode_resized(image, self.image_size, image_mode(self.channels))
-        return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1)[None].contiguous()
+        return torch.from_numpy(np.array(array)).permute(2, 0, 1)[None].contiguous()
 
 
 def _is_pil(obj: Any) -> bool:

@@ -407,7 +407,8 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
     if len(classes) <= 20:
         axes[0, -1].legend(fontsize=7, markerscale=2.5, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    return f"<p>{len(x)} training images' embeddings in two dimensions, coloured by their label.</p>" + \
+    return f"<p>{len(x)} training images' embeddings in two dimensions, coloured by their label: " \
+        f"{' and '.join(title for title, _ in maps)}.</p>" + \
         _img(_figure_uri(fig), "embedding map")
 
 
