@@ -222,7 +222,12 @@ def evaluate(run_dir: str | Path, kind: str = "all", *overrides: str, baseline: 
             scores = evaluate_run(run_dir, cfg, kinds, baseline=name, progress=progress)
         result.update({prefix + k: v for k, v in scores.items()})
     if save:
-        save_eval_result(run_dir, kind, result, baselines, extra)
+        try:
+            save_eval_result(run_dir, kind, result, baselines, extra)
+        except OSError as err:  # e.g. a read-only run directory: the scores are still returned and printed
+            import logging
+
+            logging.getLogger("selfsup").warning("could not save %s/eval/%s.json: %s", run_dir, kind, err)
     return result
 
 

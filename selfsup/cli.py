@@ -6,7 +6,7 @@
     selfsup bench CONFIG.yaml [key=value ...] [--steps N]
     selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
     selfsup export RUN_DIR --format torchscript|onnx|timm [--out FILE]
-    selfsup report RUN_DIR [--out FILE.html] [key=value ...]
+    selfsup report RUN_DIR [--out FILE.html] [--max-train N] [--tsne N] [key=value ...]
 
 ``eval``, ``embed``, ``bench``, ``shard``, ``export`` and ``report`` print one JSON object as their last stdout line.
 """

@@ -136,6 +136,7 @@ def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~2 min: a tiny run, its report, two Chromium renders
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs headless Chromium (apt-get install chromium)")
 def test_report_renders_in_chromium(tmp_path):
     import subprocess
