@@ -120,7 +120,8 @@ def test_report_of_a_staged_run_without_evaluations_and_without_its_data(tmp_pat
     page = parse(out)
     check_self_contained(page)
     text = " ".join(page.text)
-    for expected in ("1_mae", "2_ct", "mae_reconstruction.png", "knn_top1 (report's sample)", "stages: mae, ct"):
+    for expected in ("1_mae", "2_ct", "mae_reconstruction.png", "knn_top1 (report's sample)", "stages: mae, ct",
+                     "nnclr", "2 x minimal"):
         assert expected in text, expected
     # the data unreadable: the page is still written, the data sections say why
     shutil.copy(run / "config.yaml", tmp_path / "config.yaml")

@@ -68,12 +68,17 @@ def _esc(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _figure_uri(fig) -> str:
-    import matplotlib.pyplot as plt
+def _subplots(nrows: int = 1, ncols: int = 1, **kwargs: Any):
+    """A figure and its axes without pyplot: no global figure state, the caller's backend left alone."""
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def _figure_uri(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -163,7 +168,8 @@ def _summary(run_dir: Path, meta: dict[str, Any] | None, columns: list[str], row
                   ("backbone parameters", _esc(json.dumps(meta.get("params")))),
                   ("input", _esc(f"{meta['channels']} x {meta['image_size']} x {meta['image_size']}")),
                   ("dataset", _esc(meta.get("dataset", "?"))), ("steps", _esc(meta.get("steps", "?"))),
-                  ("training time", _esc(f"{meta.get('train_time_s', '?')} s wall, {meta.get('cpu_time_s', '?')} s CPU"))]
+                  ("training time",
+                   _esc(f"{meta.get('train_time_s', '?')} s wall, {meta.get('cpu_time_s', '?')} s CPU"))]
     else:
         facts.append(("backbone", "no exported backbone (backbone.json) yet: finish the run first"))
     if rows:
@@ -182,8 +188,6 @@ def _config_section(run_dir: Path) -> str:
 
 
 def _curves(columns: list[str], rows: list[dict[str, str]]) -> str:
-    import matplotlib.pyplot as plt
-
     names = [c for c in columns if c not in _NOT_CURVES
              and any(not math.isnan(_float(r.get(c))) for r in rows)]
     if not names:
@@ -203,7 +207,7 @@ def _curves(columns: list[str], rows: list[dict[str, str]]) -> str:
                                          else 3 if n.startswith("knn") else 4 if n == "images_per_s" else 1))
     ncols = min(4, len(order))
     nrows = -(-len(order) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False)
+    fig, axes = _subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False)
     for ax, name in zip(axes.flat, order):
         y = np.array([_float(r.get(name)) for r in rows])
         ok = ~np.isnan(y)
@@ -287,8 +291,6 @@ def _features(run_dir: Path, images: torch.Tensor, random_init: bool = False) ->
 
 
 def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
-    import matplotlib.pyplot as plt
-
     from selfsup.data.augment import Augment, augment_config
 
     d = sample.cfg.data
@@ -314,7 +316,7 @@ def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
             log.info("report: views.%d (%s) not drawn: %s", i, view.preset, err)
             continue
         rows.append((f"views.{i}: {view.preset}", (out * 255).round().to(torch.uint8)))
-    fig, axes = plt.subplots(len(rows), count, figsize=(1.1 * count, 1.25 * len(rows)), squeeze=False)
+    fig, axes = _subplots(len(rows), count, figsize=(1.1 * count, 1.25 * len(rows)), squeeze=False)
     for r, (label, batch) in enumerate(rows):
         for c in range(count):
             ax = axes[r, c]
@@ -342,9 +344,7 @@ def _effective_rank(p: np.ndarray) -> float:
 
 
 def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = _subplots(figsize=(6.5, 3.6))
     rows = []
     for name, values in feats.items():
         p = _spectrum(values)
@@ -365,7 +365,7 @@ def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
         with np.load(path) as saved:
             steps, eig = saved["steps"], saved["eigenvalues"]
         if len(steps):
-            fig, ax = plt.subplots(figsize=(6.5, 3.6))
+            fig, ax = _subplots(figsize=(6.5, 3.6))
             picks = sorted(set(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int).tolist()))
             for i in picks:
                 p = eig[i] / max(eig[i].sum(), 1e-30)
@@ -382,7 +382,6 @@ def _spectrum_section(run_dir: Path, feats: dict[str, torch.Tensor]) -> str:
 
 
 def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
-    import matplotlib.pyplot as plt
     from sklearn.decomposition import PCA
     from sklearn.manifold import TSNE
 
@@ -394,8 +393,10 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
         perplexity = float(min(30, max(2, (tsne_n - 1) // 4)))
         maps.append((f"t-SNE ({tsne_n} points)", TSNE(n_components=2, init="pca", random_state=0, max_iter=500,
                                                        perplexity=perplexity).fit_transform(x[:tsne_n])))
-    fig, axes = plt.subplots(1, len(maps), figsize=(5.4 * len(maps), 4.6), squeeze=False)
-    cmap = plt.get_cmap("tab10" if labels.max() < 10 else "tab20")
+    fig, axes = _subplots(1, len(maps), figsize=(5.4 * len(maps), 4.6), squeeze=False)
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if labels.max() < 10 else "tab20"]
     classes = np.unique(labels)
     for ax, (title, xy) in zip(axes[0], maps):
         for c in classes:
@@ -413,14 +414,12 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
 
 
 def _retrieval_section(sample: _Sample, train_feats: torch.Tensor, query_feats: torch.Tensor) -> str:
-    import matplotlib.pyplot as plt
-
     queries = min(_QUERIES, len(query_feats))
     k = min(_NEIGHBOURS, len(train_feats))
     gallery = torch.nn.functional.normalize(train_feats, dim=1)
     q = torch.nn.functional.normalize(query_feats[:queries], dim=1)
     sims, idx = (q @ gallery.T).topk(k, dim=1)
-    fig, axes = plt.subplots(queries, k + 1, figsize=(1.3 * (k + 1), 1.5 * queries), squeeze=False)
+    fig, axes = _subplots(queries, k + 1, figsize=(1.3 * (k + 1), 1.5 * queries), squeeze=False)
     hits = 0
     for r in range(queries):
         query_label = int(sample.query_labels[r])
@@ -458,6 +457,18 @@ def _stages_section(run_dir: Path, meta: dict[str, Any] | None) -> str:
         stage_meta = info.get(name, {})
         facts = ", ".join(f"{k} {v}" for k, v in stage_meta.items() if k != "stage") or "not finished"
         parts.append(f"<h3>{_esc(folder.name)}</h3>" + _note(facts))
+        if (folder / "config.yaml").is_file():  # what the stage trained: its method and views
+            import yaml
+
+            try:
+                stage_cfg = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+            except yaml.YAMLError:
+                stage_cfg = {}
+            method = stage_cfg.get("method") or {}
+            views = "; ".join(f"{v.get('num')} x {v.get('preset')}" + (f" {v['params']}" if v.get("params") else "")
+                              for v in stage_cfg.get("views") or [] if isinstance(v, dict))
+            parts.append(_facts([("method", _esc(json.dumps(method))), ("views", _esc(views)),
+                                 ("frozen", _esc((stage_cfg.get("model") or {}).get("freeze") or "nothing"))]))
         pictures = _method_pictures(folder / "plots", set(columns))
         if pictures:
             parts.append('<div class="pics">' + "".join(
@@ -497,9 +508,6 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
     ``key=value`` settings of the data read (e.g. ``data.root=...``). When the data or the backbone cannot be
     read, those sections say why and the rest of the page is still written.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     from selfsup.checkpoint import CheckpointError, atomic_write, read_backbone_meta
     from selfsup.config import ConfigError
     from selfsup.data.imagedata import DataError
@@ -550,9 +558,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
             body["evaluation"] = _eval_tables(evals)
         else:
             random_query = _features(run_dir, sample.query_images, random_init=True)
-            body["evaluation"] = _quick_knn(sample, {
-                "backbone": (train_feats, query_feats), "raw": (raw_train, sample.query_images.flatten(1).float() / 255),
-                "random": (random_train, random_query)})
+            raw_query = sample.query_images.flatten(1).float() / 255
+            pairs = {"backbone": (train_feats, query_feats), "raw": (raw_train, raw_query),
+                     "random": (random_train, random_query)}
+            body["evaluation"] = _quick_knn(sample, pairs)
     else:
         for name in ("data", "spectrum", "embedding-map", "retrieval"):
             body[name] = _note(data_error or "no data")
