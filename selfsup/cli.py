@@ -42,10 +42,15 @@ def pretrain_config(target: Path, overrides: list[str]) -> "Config":
     return load_config(target, overrides)
 
 
-def cmd_pretrain(args: argparse.Namespace) -> None:
+def run_pretrain(cfg: "Config", allow_optim_change: bool = False) -> Path:
+    """Train ``cfg`` into ``trainer.out`` (what ``selfsup pretrain`` and ``selfsup.pretrain`` run)."""
     from selfsup.train.engine import pretrain
 
-    pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
+    return pretrain(cfg, allow_optim_change=allow_optim_change)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    run_pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
