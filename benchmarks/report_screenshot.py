@@ -110,6 +110,9 @@ def main() -> int:
         ok = False
         checks["screenshot"] = "not written"
     checks["ok"] = ok
+    probe.unlink()
+    if args.out:  # the screenshot is kept elsewhere: remove the scratch folder (and a --tiny run in it)
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(checks))
     return 0 if ok else 1
 
