@@ -5,8 +5,10 @@
     selfsup embed RUN_DIR IMAGES_DIR OUT.npy
     selfsup bench CONFIG.yaml [key=value ...] [--steps N]
     selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
+    selfsup export RUN_DIR --format torchscript|onnx|timm [--out FILE]
+    selfsup report RUN_DIR [--out FILE.html] [--max-train N] [--tsne N] [key=value ...]
 
-``eval``, ``embed``, ``bench`` and ``shard`` print one JSON object as their last stdout line.
+``eval``, ``embed``, ``bench``, ``shard``, ``export`` and ``report`` print one JSON object as their last stdout line.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from selfsup.checkpoint import CheckpointError
 from selfsup.config import ConfigError, load_config, stage_configs
+
+if TYPE_CHECKING:
+    from selfsup.config import Config
 
 log = logging.getLogger("selfsup")
 
@@ -27,35 +33,33 @@ def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def cmd_pretrain(args: argparse.Namespace) -> None:
-    from selfsup.train.engine import pretrain
-
-    target = Path(args.config)
+def pretrain_config(target: Path, overrides: list[str]) -> "Config":
+    """The config ``selfsup pretrain TARGET`` trains: a YAML file, or a run directory's own config (resumed)."""
     if target.is_dir():  # resume a run directory with its own config
         if not (target / "config.yaml").is_file():
             raise ConfigError(f"{target} is a directory without config.yaml; pass a YAML config or a run directory")
-        cfg = load_config(target / "config.yaml", [f"trainer.out={target}", *args.overrides])
-    else:
-        cfg = load_config(target, args.overrides)
-    pretrain(cfg, allow_optim_change=args.allow_optim_change)
+        return load_config(target / "config.yaml", [f"trainer.out={target}", *overrides])
+    return load_config(target, overrides)
+
+
+def run_pretrain(cfg: "Config", allow_optim_change: bool = False) -> Path:
+    """Train ``cfg`` into ``trainer.out`` (what ``selfsup pretrain`` and ``selfsup.pretrain`` run)."""
+    from selfsup.train.engine import pretrain
+
+    return pretrain(cfg, allow_optim_change=allow_optim_change)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    run_pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from selfsup.eval.run import EVALUATIONS, evaluate_run, run_config, run_finetune
+    from selfsup.api import evaluate
 
-    cfg = run_config(Path(args.run_dir), args.overrides)
-    kinds = list(EVALUATIONS) if args.kind == "all" else [args.kind]  # all: the frozen-feature evaluations
     baselines = [args.baseline] + [b for b in (args.compare.split(",") if args.compare else []) if b]
-    result: dict[str, float] = {}
-    for baseline in baselines:
-        if baseline not in ("none", "raw", "random"):
-            raise ConfigError(f"bad baseline {baseline!r}; allowed: raw, random")
-        prefix = "" if baseline == "none" else f"{baseline}_"
-        if args.kind == "finetune":
-            scores = run_finetune(Path(args.run_dir), cfg, baseline=baseline, progress=sys.stderr.isatty())
-        else:
-            scores = evaluate_run(Path(args.run_dir), cfg, kinds, baseline=baseline, progress=sys.stderr.isatty())
-        result.update({prefix + k: v for k, v in scores.items()})
+    # Also written to RUN_DIR/eval/<kind>.json (what `selfsup report` shows).
+    result = evaluate(args.run_dir, args.kind, *args.overrides, baseline=args.baseline, compare=baselines[1:],
+                      progress=sys.stderr.isatty())
     if len(baselines) > 1:
         print_table(result, baselines)
     print(json.dumps(rounded(result)))
@@ -86,8 +90,8 @@ def print_table(result: dict[str, float], baselines: list[str]) -> None:
 
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
-    import torch
 
+    from selfsup.api import Preprocess
     from selfsup.checkpoint import load_backbone
     from selfsup.data.formats.folder import all_images
     from selfsup.data.stream import StreamedSplit, default_workers
@@ -100,9 +104,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
     images = StreamedSplit(all_images(folder.expanduser()), meta["image_size"], meta["channels"],
                            args.workers if args.workers is not None else default_workers())
     device = device_for()
-    mean = torch.tensor(meta["mean"], device=device).view(1, -1, 1, 1)
-    std = torch.tensor(meta["std"], device=device).view(1, -1, 1, 1)
-    feats = extract_features(backbone.to(device), images, device=device, transform=lambda x: (x - mean) / std,
+    normalize = Preprocess.from_meta(meta).normalize
+    feats = extract_features(backbone.to(device), images, device=device, transform=normalize,
                              progress=sys.stderr.isatty())[images.readable]
     names = [images.source.name(i) for i in range(len(images))]
     kept = [n for n, ok in zip(names, images.readable.tolist()) if ok]
@@ -156,6 +159,20 @@ def cmd_shard(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from selfsup.export import export
+
+    print(json.dumps(export(args.run_dir, args.format, args.out)))
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from selfsup.report import build_report
+
+    out = build_report(args.run_dir, args.out, overrides=args.overrides, max_train=args.max_train,
+                       tsne_points=args.tsne, progress=sys.stderr.isatty())
+    print(json.dumps({"out": str(out)}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="selfsup", description="Label-efficient self-supervised pretraining.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -201,6 +218,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-count", type=int, default=10_000, help="images per shard at most (default 10000)")
     p.add_argument("--max-mb", type=float, default=1024, help="MiB per shard at most (default 1024)")
     p.set_defaults(func=cmd_shard)
+
+    p = sub.add_parser("export", help="write a run's backbone as TorchScript, ONNX or a timm ViT state dict")
+    p.add_argument("run_dir")
+    p.add_argument("--format", required=True, choices=["torchscript", "onnx", "timm"],
+                   help="torchscript (torch.jit.load), onnx (ONNX Runtime; the onnx extra), timm (a ViT's "
+                        "weights named as timm's VisionTransformer, safetensors, + the kwargs in FILE.json)")
+    p.add_argument("--out", default=None, help="output file (default RUN_DIR/export/backbone.pt|.onnx, "
+                                               "backbone_timm.safetensors); FILE.json beside it")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="one self-contained HTML page about a run (curves, evaluations, embeddings)")
+    p.add_argument("run_dir")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the data read, e.g. data.root=...")
+    p.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html)")
+    p.add_argument("--max-train", type=int, default=2000, help="training images sampled for the maps, the "
+                                                                "spectrum and the retrieval gallery (default 2000)")
+    p.add_argument("--tsne", type=int, default=500, help="points in the t-SNE map (default 500; 0: PCA only)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
