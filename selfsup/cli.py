@@ -28,7 +28,7 @@ def _setup_logging() -> None:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
-    from selfsup.train.engine import pretrain
+    from selfsup.pretrain import pretrain
 
     target = Path(args.config)
     if target.is_dir():  # resume a run directory with its own config
@@ -123,7 +123,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from selfsup.train.bench import bench
+    from selfsup.bench import bench
 
     cfg = load_config(args.config, args.overrides)
     if cfg.stages:  # each stage's step (MAE-CT: MAE, head initialisation on a frozen encoder, contrastive tuning)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command; exit codes: 0 done, 1 training diverged, 2 bad input (config, data, run directory),
     128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM) after checkpointing the last whole step."""
     from selfsup.data.datasets import DataError
-    from selfsup.train.engine import TrainingDiverged, TrainingInterrupted
+    from selfsup.train.signals import TrainingDiverged, TrainingInterrupted
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from selfsup.config import ConfigError, OptimConfig, load_config
-from selfsup.train.engine import lr_wd_schedules, run_warnings, validate, warmup_steps
+from selfsup.pretrain import run_warnings, validate
+from selfsup.train.schedules import lr_wd_schedules, warmup_steps
 from selfsup.train.schedules import cosine_schedule
 
 
