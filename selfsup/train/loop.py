@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from selfsup.config import Config
 from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
-from selfsup.train.metrics_log import KNNMonitor, TrainingLog
+from selfsup.train.metrics_log import KNNMonitor
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.run_dir import RunDir
 from selfsup.train.schedules import lr_wd_schedules, run_steps, scaled_lr, warmup_steps
@@ -78,79 +79,81 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     lr_schedule, wd_schedule = lr_wd_schedules(o, scaled_lr(o, t.batch_size), schedule_steps, warmup)
     run.restore(method, optimizer)
     raw_method, (method, optimizer) = method, fabric.setup(method, optimizer)
-    device = fabric.device
 
     run.open(cfg, raw_method, optimizer, params, channels, image_size)
     if is_main:
-        for warning in plugins.run_warnings(cfg, total_steps, warmup):
-            log.warning(warning)
-        log_start(fabric, cfg, data, raw_method, total_steps, sampler.steps_per_epoch, resuming=run.start_step > 0)
+        log_start(fabric, cfg, data, raw_method, total_steps, sampler.steps_per_epoch, resuming=run.start_step > 0,
+                  warnings=plugins.run_warnings(cfg, total_steps, warmup))
     knn = plugins.knn_monitor(cfg, data, mean, std, channels, image_size) if is_main and cfg.monitor.knn_every_steps \
         else None
-    logbook = run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
+    run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
     step_views = StepViews(data, sampler, build_view_groups(cfg, image_size, mean, std), t.seed, run.start_step,
-                           total_steps, device, torch.channels_last if t.channels_last else torch.contiguous_format,
+                           total_steps, fabric.device, torch.channels_last if t.channels_last else torch.contiguous_format,
                            raw_method)
     step = run.start_step
     raw_method.train()
-    with StopSignals() as stop:
-        try:
-            while step < total_steps:
-                run.clock.start()
-                try:
-                    views = step_views(step, fabric.global_rank, fabric.world_size)
-                except DataError:  # e.g. a folder whose files all became unreadable: keep the steps done so far
-                    if fabric.world_size == 1:
-                        run.checkpoint_unless_saved(step)
-                    raise
-                set_lr_and_wd(optimizer, float(lr_schedule[step]), float(wd_schedule[step]))
+    with StopSignals() as stop, closing(run.logbook.progress):
+        while step < total_steps:
+            run.clock.start()
+            views = views_or_checkpoint(run, step_views, step)
+            set_lr_and_wd(optimizer, float(lr_schedule[step]), float(wd_schedule[step]))
 
-                out = method(views)
-                finite = bool(torch.isfinite(out.loss))
-                if reduced(fabric, int(not finite)):
-                    raise run.diverged(f"loss is {out.loss.item()} at step {step}" if not finite
-                                       else f"loss is not finite at step {step} on another process")
-                optimizer.zero_grad(set_to_none=True)
-                fabric.backward(out.loss)
-                if o.clip_grad:
-                    fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
-                optimizer.step()
-                if hasattr(raw_method, "after_step"):
-                    raw_method.after_step(step)
-                step += 1
-                logbook.count(run.clock.stop(), t.batch_size)
+            out = method(views)
+            stop_if_diverged(run, out.loss, step)
+            optimizer.zero_grad(set_to_none=True)
+            fabric.backward(out.loss)
+            if o.clip_grad:
+                fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
+            optimizer.step()
+            if hasattr(raw_method, "after_step"):
+                raw_method.after_step(step)
+            step += 1
+            run.clock_step(t.batch_size)
 
-                unreadable = (reduced(fabric, step_views.unreadable, torch.distributed.ReduceOp.SUM)
-                              if logbook.row_due(step) and step_views.streamed else None)
-                if is_main:
-                    logbook.record(step, float(lr_schedule[step - 1]), out, run.clock, raw_method.backbone, device,
-                                   unreadable)
-                if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
-                    run.checkpoint(step)
-                if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
-                    run.export(run.path / "snapshots" / f"step_{step:06d}", step)
-                signum = reduced(fabric, stop.signum)
-                if signum:
-                    run.checkpoint_unless_saved(step)
-                    raise TrainingInterrupted(signum, step, run.path)
-        finally:
-            logbook.progress.close()
+            run.log_step(step, float(lr_schedule[step - 1]), out, step_views)
+            if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
+                run.checkpoint(step)
+            if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
+                run.export(run.path / "snapshots" / f"step_{step:06d}", step)
+            signum = reduced(fabric, stop.signum)
+            if signum:
+                run.checkpoint_unless_saved(step)
+                raise TrainingInterrupted(signum, step, run.path)
     run.checkpoint_unless_saved(step)
     if run.saved_step != step:
         raise run.diverged(f"training ended at step {step} with weights unfit to export")
 
     if is_main:
         run.export(run.path, step)
-        logbook.plot(run.path / "plots")
-        if hasattr(raw_method, "plot"):
-            raw_method.plot(run.path / "plots", logbook.metrics.rows,
-                            sample_images(cfg, data, channels, image_size, mean, std))
+        run.plot(sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None)
         log.info("done: %d steps; backbone exported to %s", step, run.path / "backbone.safetensors")
 
 
+def views_or_checkpoint(run: RunDir, step_views: StepViews, step: int) -> list[torch.Tensor]:
+    """The step's views. When the data fails (e.g. a folder whose files all became unreadable), a single process
+    first checkpoints the steps done so far."""
+    try:
+        return step_views(step, run.fabric.global_rank, run.fabric.world_size)
+    except DataError:
+        if run.fabric.world_size == 1:
+            run.checkpoint_unless_saved(step)
+        raise
+
+
+def stop_if_diverged(run: RunDir, loss: torch.Tensor, step: int) -> None:
+    """Raise :class:`TrainingDiverged` on every process when the loss is not finite on any of them."""
+    finite = bool(torch.isfinite(loss))
+    if reduced(run.fabric, int(not finite)):
+        raise run.diverged(f"loss is {loss.item()} at step {step}" if not finite
+                           else f"loss is not finite at step {step} on another process")
+
+
 def log_start(fabric: Any, cfg: Config, data: ImageData | StreamedSplit, method: nn.Module, total_steps: int,
-              steps_per_epoch: int, resuming: bool) -> None:
-    """One line on what is about to run: method, data, steps, trainable parameters, devices."""
+              steps_per_epoch: int, resuming: bool, warnings: list[str]) -> None:
+    """The config's ``warnings``, then one line on what is about to run: method, data, steps, trainable parameters,
+    devices."""
+    for warning in warnings:
+        log.warning(warning)
     channels, image_size = image_shape(data)
     n_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     log.info("%s %s: %d images %dx%dx%d, %d steps of %d (%.1f epochs), %.2fM trainable parameters, %s x%d",

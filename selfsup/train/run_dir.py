@@ -17,7 +17,8 @@ from torch import nn
 from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, remove_stale_temporaries, save_checkpoint
 from selfsup.config import Config, ConfigError, save_config, to_dict
 from selfsup.train.metrics_log import KNNMonitor, TrainClock, TrainingLog
-from selfsup.train.signals import TrainingDiverged, unhealthy
+from selfsup.train.signals import TrainingDiverged, reduced, unhealthy
+from selfsup.train.views import StepViews
 
 log = logging.getLogger("selfsup")
 
@@ -138,6 +139,24 @@ class RunDir:
         self.logbook = TrainingLog(self.cfg, self.path, self.start_step, total_steps, steps_per_epoch, knn_monitor,
                                    stage, show_progress=self.cfg.trainer.progress and self.is_main)
         return self.logbook
+
+    def clock_step(self, images: int) -> None:
+        """A step of ``images`` images ended: stop the training clock and count the step for the images/s."""
+        self.logbook.count(self.clock.stop(), images)
+
+    def log_step(self, step: int, lr: float, out: Any, step_views: StepViews) -> None:
+        """Record the step output of ``step`` (main process), with the streamed images that were unreadable (a sum
+        over the processes) when a row is due."""
+        unreadable = (reduced(self.fabric, step_views.unreadable, torch.distributed.ReduceOp.SUM)
+                      if self.logbook.row_due(step) and step_views.streamed else None)
+        if self.is_main:
+            self.logbook.record(step, lr, out, self.clock, self.method.backbone, self.fabric.device, unreadable)
+
+    def plot(self, samples: torch.Tensor | None) -> None:
+        """The metrics' curves, the eigenspectra and the method's own pictures (of ``samples``), into plots/."""
+        self.logbook.plot(self.path / "plots")
+        if hasattr(self.method, "plot"):
+            self.method.plot(self.path / "plots", self.logbook.metrics.rows, samples)
 
     def flush_logs(self) -> None:
         if self.is_main:
