@@ -65,6 +65,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     channels, image_size = image_shape(data)
     mean, std = normalization(data, cfg)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))
+    view_groups = build_view_groups(cfg, image_size, mean, std)
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
     total_steps = run_steps(t, sampler.steps_per_epoch)
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
@@ -84,12 +85,12 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     if is_main:
         log_start(fabric, cfg, data, raw_method, total_steps, sampler.steps_per_epoch, resuming=run.start_step > 0,
                   warnings=plugins.run_warnings(cfg, total_steps, warmup))
-    knn = plugins.knn_monitor(cfg, data, mean, std, channels, image_size) if is_main and cfg.monitor.knn_every_steps \
-        else None
+    knn = (plugins.knn_monitor(cfg, data, mean, std, channels, image_size)
+           if is_main and cfg.monitor.knn_every_steps else None)
     run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
-    step_views = StepViews(data, sampler, build_view_groups(cfg, image_size, mean, std), t.seed, run.start_step,
-                           total_steps, fabric.device, torch.channels_last if t.channels_last else torch.contiguous_format,
-                           raw_method)
+    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+    step_views = StepViews(data, sampler, view_groups, t.seed, run.start_step, total_steps, fabric.device,
+                           memory_format, raw_method)
     step = run.start_step
     raw_method.train()
     with StopSignals() as stop, closing(run.logbook.progress):

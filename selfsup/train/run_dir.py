@@ -87,7 +87,8 @@ class RunDir:
     Made from the config: reads the checkpoint (if any) and checks that the config may resume it. Then
     :meth:`restore` loads its state into the model and optimiser, :meth:`open` gives it what it saves (the config
     with the measured normalisation, the model, the optimiser) and writes the directory, :meth:`start_logs`
-    starts its logs, and :meth:`checkpoint` / :meth:`export` save. ``saved_step``: the step of the checkpoint on disk, None before one.
+    starts its logs, and :meth:`checkpoint` / :meth:`export` save. ``saved_step``: the step of the checkpoint on
+    disk, None before one.
     """
 
     def __init__(self, fabric: Any, cfg: Config, allow_optim_change: bool) -> None:
