@@ -28,7 +28,7 @@ from selfsup.config import Config
 from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
-from selfsup.train.metrics_log import KNNMonitor
+from selfsup.train.metrics_log import KNNAccuracy
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.run_dir import RunDir
 from selfsup.train.schedules import lr_wd_schedules, run_steps, scaled_lr, warmup_steps
@@ -48,7 +48,7 @@ class Plugins:
     # (cfg, total_steps, warmup_steps) -> settings that run but are probably wrong (selfsup.pretrain.run_warnings).
     run_warnings: Callable[[Config, int, int], list[str]]
     # (cfg, data, mean, std, channels, image_size) -> the online kNN monitor (selfsup.eval.monitor).
-    knn_monitor: Callable[..., KNNMonitor | None]
+    knn_monitor: Callable[..., KNNAccuracy | None]
 
 
 def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool = False, carried: Path | None = None,

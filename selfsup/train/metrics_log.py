@@ -24,7 +24,7 @@ from selfsup.train.monitors import SpectrumLog, collapse_stats
 log = logging.getLogger("selfsup")
 
 # ``(backbone, device) -> top-1 accuracy``: the online kNN monitor (``selfsup.eval.monitor``).
-KNNMonitor = Callable[[nn.Module, torch.device], float]
+KNNAccuracy = Callable[[nn.Module, torch.device], float]
 
 
 class TrainClock:
@@ -132,7 +132,7 @@ class TrainingLog:
     """
 
     def __init__(self, cfg: Config, run_dir: Path, start_step: int, total_steps: int, steps_per_epoch: int,
-                 knn_monitor: KNNMonitor | None, stage: str | None, show_progress: bool) -> None:
+                 knn_monitor: KNNAccuracy | None, stage: str | None, show_progress: bool) -> None:
         self.every, self.total_steps, self.steps_per_epoch = cfg.trainer.log_every_steps, total_steps, steps_per_epoch
         self.collapse_every, self.knn_every = cfg.monitor.collapse_every_steps, cfg.monitor.knn_every_steps
         self.knn_monitor, self.stage = knn_monitor, stage

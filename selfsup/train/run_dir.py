@@ -16,7 +16,7 @@ from torch import nn
 
 from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, remove_stale_temporaries, save_checkpoint
 from selfsup.config import Config, ConfigError, save_config, to_dict
-from selfsup.train.metrics_log import KNNMonitor, TrainClock, TrainingLog
+from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, reduced, unhealthy
 from selfsup.train.views import StepViews
 
@@ -134,7 +134,7 @@ class RunDir:
             if self.changes:
                 record_config_changes(self.path, self.start_step, self.changes)
 
-    def start_logs(self, total_steps: int, steps_per_epoch: int, knn_monitor: KNNMonitor | None,
+    def start_logs(self, total_steps: int, steps_per_epoch: int, knn_monitor: KNNAccuracy | None,
                    stage: str | None) -> TrainingLog:
         """The run's logs, continued from the resumed step (written by the main process)."""
         self.logbook = TrainingLog(self.cfg, self.path, self.start_step, total_steps, steps_per_epoch, knn_monitor,
