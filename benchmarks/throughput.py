@@ -17,7 +17,7 @@ import json
 import sys
 
 from selfsup.config import load_config
-from selfsup.train.bench import bench
+from selfsup.bench import bench
 
 
 def main() -> None:

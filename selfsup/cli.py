@@ -44,7 +44,7 @@ def pretrain_config(target: Path, overrides: list[str]) -> "Config":
 
 def run_pretrain(cfg: "Config", allow_optim_change: bool = False) -> Path:
     """Train ``cfg`` into ``trainer.out`` (what ``selfsup pretrain`` and ``selfsup.pretrain`` run)."""
-    from selfsup.train.engine import pretrain
+    from selfsup.pretrain import pretrain
 
     return pretrain(cfg, allow_optim_change=allow_optim_change)
 
@@ -126,7 +126,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from selfsup.train.bench import bench
+    from selfsup.bench import bench
 
     cfg = load_config(args.config, args.overrides)
     if cfg.stages:  # each stage's step (MAE-CT: MAE, head initialisation on a frozen encoder, contrastive tuning)
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command; exit codes: 0 done, 1 training diverged, 2 bad input (config, data, run directory),
     128 + N stopped by signal N (130 Ctrl-C, 143 SIGTERM) after checkpointing the last whole step."""
     from selfsup.data.datasets import DataError
-    from selfsup.train.engine import TrainingDiverged, TrainingInterrupted
+    from selfsup.train.signals import TrainingDiverged, TrainingInterrupted
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -78,7 +78,7 @@ def test_masking_robustness_is_one_without_masking_and_below_one_with_it(tmp_pat
     import masking_robustness
 
     from selfsup.config import load_config
-    from selfsup.train.engine import pretrain
+    from selfsup.pretrain import pretrain
 
     config = tmp_path / "vit.yaml"
     config.write_text(TINY_VIT)

@@ -181,7 +181,7 @@ def test_every_shipped_config_loads_and_validates():
     from pathlib import Path
 
     from selfsup.config import load_config
-    from selfsup.train.engine import validate
+    from selfsup.pretrain import validate
 
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*/*.yaml"))
     assert len(configs) >= 5
@@ -195,7 +195,8 @@ def test_laptop_presets_are_sized_to_their_runs():
     from pathlib import Path
 
     from selfsup.config import load_config, stage_configs
-    from selfsup.train.engine import run_steps, run_warnings, warmup_steps
+    from selfsup.pretrain import run_warnings
+    from selfsup.train.schedules import run_steps, warmup_steps
 
     paths = sorted((Path(__file__).parent.parent / "configs" / "fashion_mnist").glob("*.yaml"))
     for path, cfg in [(p, c) for p in paths for c in [load_config(p), *(s.cfg for s in stage_configs(load_config(p)))]]:

@@ -36,8 +36,8 @@ TOTAL_STEPS = 10 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 step
 # arrives inside optimizer.step(), after the forward pass has updated BatchNorm's running statistics.
 SIGNAL_IN_OPTIMIZER_STEP = """
 import os, signal
-import selfsup.train.engine as engine
-_build, _calls = engine.build_optimizer, [0]
+import selfsup.train.loop as loop
+_build, _calls = loop.build_optimizer, [0]
 def _hook(optimizer, args, kwargs):
     _calls[0] += 1
     if _calls[0] == {k}:
@@ -46,7 +46,7 @@ def build_optimizer(model, cfg, *args):
     optimizer = _build(model, cfg, *args)
     optimizer.register_step_pre_hook(_hook)
     return optimizer
-engine.build_optimizer = build_optimizer
+loop.build_optimizer = build_optimizer
 """
 
 
@@ -191,9 +191,9 @@ def test_sigterm_stops_every_ddp_process_at_the_same_step(config, tmp_path):
 def explode_then_nan(monkeypatch, explode_at: int, nan_at: int) -> None:
     """From step ``explode_at`` a BatchNorm scale is 1e9 (exploding weights, the loss still finite: the next
     BatchNorm normalises the scale away); from step ``nan_at`` the loss is NaN."""
-    import selfsup.train.engine as engine
+    import selfsup.methods.assemble as assemble
 
-    build_model = engine.build_model
+    build_model = assemble.build_model
 
     def patched(*args, **kwargs):
         params, method = build_model(*args, **kwargs)
@@ -212,7 +212,7 @@ def explode_then_nan(monkeypatch, explode_at: int, nan_at: int) -> None:
         method.forward = wrapped
         return params, method
 
-    monkeypatch.setattr(engine, "build_model", patched)
+    monkeypatch.setattr(assemble, "build_model", patched)
 
 
 def test_divergence_keeps_the_last_sane_checkpoint_and_resumes_with_a_lower_lr(config, tmp_path, monkeypatch, capsys,

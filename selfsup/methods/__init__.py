@@ -1,22 +1,8 @@
 """Methods: each builds its heads around a backbone and defines one training step.
 
-The contract the engine relies on (no base class; methods compose shared pieces):
-
-- ``Config``: a dataclass of the method's hyper-parameters (validated from ``method:`` in the YAML);
-- ``__init__(backbone, cfg, total_steps)``; ``forward(views: list[Tensor]) -> StepOutput``;
-- ``backbone``: the network that is monitored and exported for evaluation (the online encoder for
-  VICReg/BT/BYOL, the EMA target for MSN and ExtreMA);
-- optional ``attach_views(groups)`` + ``make_views(images, step) -> views``: the method draws its own views
-  from the [0, 1] batch (MAST, whose loss needs to know which augmentations each pair got);
-- optional ``plot(out_dir, metrics_rows, samples)``: the method's own pictures, drawn at the end of a run
-  (``samples``: a few normalised images of the evaluation split, e.g. for MAE's reconstructions);
-- optional ``after_carry_over()``: called once when a stage starts from the previous stage's weights (EMA
-  copies restart from the carried weights);
-- optional ``after_step(step)`` (EMA updates) and ``export_params`` (constructor arguments that
-  differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
-- optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
-  for this batch (logged when training starts); optional ``Config.check_batch(global_batch)``: raise a
-  ConfigError for settings that cannot run with this batch (checked before any work).
+``METHODS`` is the registry: a method's name in the YAML -> its class. What a method must define (and the
+optional hooks the engine calls) is written down once, in :mod:`selfsup.methods.base` (:class:`Method`,
+:class:`OptionalHooks`); :mod:`selfsup.methods.assemble` builds a method around its backbone for training.
 """
 
 from __future__ import annotations

@@ -1,12 +1,20 @@
-"""What every method shares: the step output and config validation. Methods compose; they don't inherit."""
+"""What every method shares: the method protocol, the step output and config validation.
+
+Methods compose; they don't inherit. A new method is one file that defines a class following :class:`Method`
+(plus any of :class:`OptionalHooks`), and one line in ``METHODS`` (``selfsup/methods/__init__.py``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import torch
+from torch import nn
 
 from selfsup.config import ConfigError
+from selfsup.data.views import ViewGroup
 
 
 @dataclass
@@ -16,6 +24,50 @@ class StepOutput:
     loss: torch.Tensor
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
     embeddings: torch.Tensor | None = None  # (B, d) projector output of one view, for collapse monitors
+
+
+class Method(Protocol):
+    """What the training engine requires of a method (an ``nn.Module``)."""
+
+    # The method's hyper-parameters: a dataclass, filled from ``method:`` in the YAML. Optionally with
+    # ``warnings(global_batch) -> list[str]`` (settings that run but are probably wrong for this batch; logged
+    # when training starts) and ``check_batch(global_batch)`` (raise a ConfigError for settings that cannot run
+    # with this batch; checked before any work).
+    Config: ClassVar[type]
+    # The network that is monitored and exported for evaluation: the online encoder for VICReg/BT/BYOL, the EMA
+    # target for MSN and ExtreMA. A method whose trained encoder is another copy names that one ``encoder``
+    # (the optimiser's layer decay and ``model.freeze`` apply to ``encoder`` when present, else to ``backbone``).
+    backbone: nn.Module
+
+    def __init__(self, backbone: nn.Module, cfg: Any, total_steps: int) -> None:
+        """Build the heads around ``backbone``; ``total_steps`` sizes the method's own schedules (EMA momentum)."""
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        """One training step on the step's views (normalised, on the device): the loss and what to log."""
+
+
+class OptionalHooks(Protocol):
+    """Hooks the engine calls only where a method defines them."""
+
+    # Constructor arguments of the exported backbone that differ at evaluation (MSN: ``{"pool": "cls_prenorm"}``).
+    export_params: dict[str, Any]
+
+    def attach_views(self, groups: list[ViewGroup]) -> None:
+        """Receive the config's view groups once, before training (with :meth:`make_views`)."""
+
+    def make_views(self, images: torch.Tensor, step: int) -> list[torch.Tensor]:
+        """Draw the step's views from the batch in [0, 1] instead of the config's view groups (MAST: its loss
+        needs to know which augmentations each pair got)."""
+
+    def after_step(self, step: int) -> None:
+        """After the optimiser step of ``step`` (counted from 0): EMA updates, queues."""
+
+    def after_carry_over(self) -> None:
+        """Once, when a stage starts from another method's weights (EMA copies restart from the carried weights)."""
+
+    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
+        """The method's own pictures, drawn into ``out_dir`` at the end of a run, from the metrics rows and a few
+        normalised images of the evaluation split (``samples``, e.g. for MAE's reconstructions)."""
 
 
 def check_num_views(method: str, views: list[torch.Tensor], expected: int) -> None:

@@ -1,4 +1,5 @@
-"""Training-health monitors: collapse statistics and eigenspectra of embeddings, an online kNN probe."""
+"""Training-health monitors: collapse statistics and eigenspectra of embeddings (the online kNN probe is
+:mod:`selfsup.eval.monitor`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from selfsup.checkpoint import atomic_write
-from selfsup.eval.features import extract_features
-from selfsup.eval.knn import knn_classify
 
 
 @torch.no_grad()
@@ -107,19 +105,3 @@ def plot_spectra(path: Path, spectra: dict[str, np.ndarray]) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
-
-class KNNMonitor:
-    """Weighted kNN accuracy of the backbone on a fixed labelled subset (gallery from the training
-    split, queries from the held-out split), computed every few steps during pretraining."""
-
-    def __init__(self, train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,
-                 test_labels: torch.Tensor, normalize, k: int = 20, temperature: float = 0.07) -> None:
-        self.train_images, self.train_labels = train_images, train_labels
-        self.test_images, self.test_labels = test_images, test_labels
-        self.normalize, self.k, self.temperature = normalize, k, temperature
-
-    def __call__(self, backbone: nn.Module, device: torch.device) -> float:
-        train = extract_features(backbone, self.train_images, device=device, transform=self.normalize)
-        test = extract_features(backbone, self.test_images, device=device, transform=self.normalize)
-        return knn_classify(train, self.train_labels, test, self.test_labels, k=self.k,
-                            temperature=self.temperature)["top1"]

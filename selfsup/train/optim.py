@@ -87,6 +87,12 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+def online_encoder(method: nn.Module) -> nn.Module:
+    """The encoder that the optimiser trains: ``method.encoder`` where the exported backbone is another copy (an
+    EMA), else ``method.backbone``."""
+    return getattr(method, "encoder", None) or method.backbone
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig, encoder: nn.Module | None = None) -> torch.optim.Optimizer:
     """The configured optimiser; learning rate and weight decay are set per step by the engine (times each group's
     ``lr_scale`` / ``wd_scale``: layer-wise decay in ``encoder``, the heads' own lr and weight decay)."""

@@ -15,7 +15,7 @@ from selfsup.config import ConfigError
 from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.nnclr import NNCLR, NNCLRConfig
 from selfsup.models.vit import VisionTransformer
-from selfsup.train.engine import freeze
+from selfsup.methods.assemble import freeze
 
 
 def _vit() -> VisionTransformer:

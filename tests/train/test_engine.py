@@ -1,15 +1,17 @@
-"""The engine's per-step lr and weight-decay schedules, with MSN's 1.25x stretch."""
+"""The engine's per-step lr and weight-decay schedules, with MSN's 1.25x stretch; its imports."""
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from selfsup.config import ConfigError, OptimConfig, load_config
-from selfsup.train.engine import lr_wd_schedules, run_warnings, validate, warmup_steps
-from selfsup.train.schedules import cosine_schedule
+from selfsup.pretrain import run_warnings, validate
+from selfsup.train.schedules import cosine_schedule, lr_wd_schedules, warmup_steps
 
 
 def test_schedules_without_stretch_end_at_their_final_values() -> None:
@@ -61,3 +63,15 @@ def test_warnings_name_a_long_warmup_and_more_prototypes_than_the_batch() -> Non
         "method.num_prototypes=1024", "trainer.batch_size=128", "method.sinkhorn_iterations=0"]), 610, 30) == []
     assert run_warnings(load_config("configs/fashion_mnist/msn.yaml", [
         "method.num_prototypes=128", "trainer.batch_size=128"]), 610, 30) == []
+
+
+def test_the_engine_imports_neither_the_methods_nor_the_evaluation() -> None:
+    """``selfsup.train`` is handed the method and the kNN monitor (``selfsup.pretrain``): no import runs back up."""
+    train_dir = Path(__file__).parents[2] / "selfsup" / "train"
+    upward = []
+    for path in sorted(train_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            upward += [f"{path.name}: {n}" for n in names if n.startswith(("selfsup.methods", "selfsup.eval"))]
+    assert len(list(train_dir.glob("*.py"))) > 5 and upward == []

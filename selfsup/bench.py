@@ -20,9 +20,10 @@ import torch
 from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
-from selfsup.train.engine import (StepViews, build_model, build_view_groups, crop_specs, freeze, normalization,
-                                  online_encoder, validate, views_maker)
-from selfsup.train.optim import build_optimizer
+from selfsup.methods.assemble import assemble_model
+from selfsup.pretrain import validate
+from selfsup.train.optim import build_optimizer, online_encoder
+from selfsup.train.views import StepViews, build_view_groups, crop_specs, image_shape, normalization, views_maker
 
 
 def _peak_memory_mib(device: torch.device) -> float:
@@ -41,11 +42,11 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
                       progress=False)
     streamed = isinstance(data, StreamedSplit)
-    channels, size = (data.channels, data.image_size) if streamed else (data.images.shape[1], data.images.shape[2])
+    channels, size = image_shape(data)
     mean, std = normalization(data, cfg)
     view_groups = build_view_groups(cfg, size, mean, std)
-    method = build_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
-    freeze(online_encoder(method), cfg.model.freeze)  # frozen blocks cost no backward pass and no optimiser step
+    # model.freeze applied: frozen blocks cost no backward pass and no optimiser step
+    method = assemble_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     optimizer = build_optimizer(method, cfg.optim, online_encoder(method))
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision

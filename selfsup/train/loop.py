@@ -1,0 +1,182 @@
+"""The pretraining loop, read top to bottom: data -> views -> method -> loss -> optimiser -> EMA.
+
+Distribution, device placement and precision come from Lightning Fabric (DDP on any number of
+processes and nodes, launched by Fabric, torchrun or SLURM). Everything a resumed run needs is a
+function of the global step: the batch indices (:class:`StepSampler`), the augmentation RNG
+(seeded with ``seed`` and the step before each step), and the precomputed schedules. So a run that
+is killed and resumed ends with the same weights as an uninterrupted one.
+
+The method and the online kNN monitor come from the caller (:class:`Plugins`, filled in by
+:mod:`selfsup.pretrain`): ``selfsup.train`` imports neither ``selfsup.methods`` nor ``selfsup.eval``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from selfsup.checkpoint import load_checkpoint
+from selfsup.config import Config
+from selfsup.data.datasets import DataError, ImageData
+from selfsup.data.sampler import StepSampler
+from selfsup.data.stream import StreamedSplit, open_split
+from selfsup.train.metrics_log import KNNAccuracy
+from selfsup.train.optim import build_optimizer, online_encoder
+from selfsup.train.run_dir import RunDir
+from selfsup.train.schedules import lr_wd_schedules, run_steps, scaled_lr, warmup_steps
+from selfsup.train.signals import StopSignals, TrainingInterrupted, reduced
+from selfsup.train.views import StepViews, build_view_groups, image_shape, normalization, sample_images
+
+log = logging.getLogger("selfsup")
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """What the loop gets from outside ``selfsup.train``."""
+
+    # (cfg, channels, image_size, total_steps, carried weights or None, logger or None) -> (backbone params, method):
+    # the method around its backbone, started from the carried weights, frozen (selfsup.methods.assemble).
+    build_model: Callable[..., tuple[dict[str, Any], nn.Module]]
+    # (cfg, total_steps, warmup_steps) -> settings that run but are probably wrong (selfsup.pretrain.run_warnings).
+    run_warnings: Callable[[Config, int, int], list[str]]
+    # (cfg, data, mean, std, channels, image_size) -> the online kNN monitor (selfsup.eval.monitor).
+    knn_monitor: Callable[..., KNNAccuracy | None]
+
+
+def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool = False, carried: Path | None = None,
+          stage: str | None = None) -> None:
+    """One stage: train ``cfg.method`` for ``cfg.trainer``'s steps into ``cfg.trainer.out`` (resuming its checkpoint),
+    then export the backbone. ``carried``: a checkpoint whose method weights a fresh stage starts from (the previous
+    stage's), matched by name; read only when the stage has no checkpoint of its own."""
+    t, o, is_main = cfg.trainer, cfg.optim, fabric.global_rank == 0
+    run = RunDir(fabric, cfg, allow_optim_change)  # config compatibility is checked before touching the data
+
+    # Data: the pretraining split decoded into memory (uint8), or listed and streamed from its files.
+    data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
+                      progress=is_main)
+    channels, image_size = image_shape(data)
+    mean, std = normalization(data, cfg)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))
+    view_groups = build_view_groups(cfg, image_size, mean, std)
+    sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
+    total_steps = run_steps(t, sampler.steps_per_epoch)
+    schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
+
+    # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
+    carried_weights = load_checkpoint(carried)["model"] if run.state is None and carried is not None else None
+    params, method = plugins.build_model(cfg, channels, image_size, schedule_steps, carried_weights,
+                                         log if is_main else None)
+    method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
+    optimizer = build_optimizer(method, o, online_encoder(method))
+    warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
+    lr_schedule, wd_schedule = lr_wd_schedules(o, scaled_lr(o, t.batch_size), schedule_steps, warmup)
+    run.restore(method, optimizer)
+    raw_method, (method, optimizer) = method, fabric.setup(method, optimizer)
+
+    run.open(cfg, raw_method, optimizer, params, channels, image_size)
+    if is_main:
+        log_start(fabric, cfg, data, raw_method, total_steps, sampler.steps_per_epoch, resuming=run.start_step > 0,
+                  warnings=plugins.run_warnings(cfg, total_steps, warmup))
+    knn = (plugins.knn_monitor(cfg, data, mean, std, channels, image_size)
+           if is_main and cfg.monitor.knn_every_steps else None)
+    run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
+    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+    step_views = StepViews(data, sampler, view_groups, t.seed, run.start_step, total_steps, fabric.device,
+                           memory_format, raw_method)
+    step = run.start_step
+    raw_method.train()
+    with StopSignals() as stop, closing(run.logbook.progress):
+        while step < total_steps:
+            run.clock.start()
+            views = views_or_checkpoint(run, step_views, step)
+            set_lr_and_wd(optimizer, float(lr_schedule[step]), float(wd_schedule[step]))
+
+            out = method(views)
+            stop_if_diverged(run, out.loss, step)
+            optimizer.zero_grad(set_to_none=True)
+            fabric.backward(out.loss)
+            if o.clip_grad:
+                fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
+            optimizer.step()
+            if hasattr(raw_method, "after_step"):
+                raw_method.after_step(step)
+            step += 1
+            run.clock_step(t.batch_size)
+
+            run.log_step(step, float(lr_schedule[step - 1]), out, step_views)
+            if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
+                run.checkpoint(step)
+            if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
+                run.export(run.path / "snapshots" / f"step_{step:06d}", step)
+            signum = reduced(fabric, stop.signum)
+            if signum:
+                run.checkpoint_unless_saved(step)
+                raise TrainingInterrupted(signum, step, run.path)
+    run.checkpoint_unless_saved(step)
+    if run.saved_step != step:
+        raise run.diverged(f"training ended at step {step} with weights unfit to export")
+
+    if is_main:
+        run.export(run.path, step)
+        run.plot(sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None)
+        log.info("done: %d steps; backbone exported to %s", step, run.path / "backbone.safetensors")
+
+
+def views_or_checkpoint(run: RunDir, step_views: StepViews, step: int) -> list[torch.Tensor]:
+    """The step's views. When the data fails (e.g. a folder whose files all became unreadable), a single process
+    first checkpoints the steps done so far."""
+    try:
+        return step_views(step, run.fabric.global_rank, run.fabric.world_size)
+    except DataError:
+        if run.fabric.world_size == 1:
+            run.checkpoint_unless_saved(step)
+        raise
+
+
+def stop_if_diverged(run: RunDir, loss: torch.Tensor, step: int) -> None:
+    """Raise :class:`TrainingDiverged` on every process when the loss is not finite on any of them."""
+    finite = bool(torch.isfinite(loss))
+    if reduced(run.fabric, int(not finite)):
+        raise run.diverged(f"loss is {loss.item()} at step {step}" if not finite
+                           else f"loss is not finite at step {step} on another process")
+
+
+def log_start(fabric: Any, cfg: Config, data: ImageData | StreamedSplit, method: nn.Module, total_steps: int,
+              steps_per_epoch: int, resuming: bool, warnings: list[str]) -> None:
+    """The config's ``warnings``, then one line on what is about to run: method, data, steps, trainable parameters,
+    devices."""
+    for warning in warnings:
+        log.warning(warning)
+    channels, image_size = image_shape(data)
+    n_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
+    log.info("%s %s: %d images %dx%dx%d, %d steps of %d (%.1f epochs), %.2fM trainable parameters, %s x%d",
+             "resuming" if resuming else "pretraining", cfg.method["name"], len(data), channels, image_size,
+             image_size, total_steps, cfg.trainer.batch_size, total_steps / steps_per_epoch, n_params / 1e6,
+             fabric.device, fabric.world_size)
+
+
+def set_lr_and_wd(optimizer: torch.optim.Optimizer, lr: float, weight_decay: float) -> None:
+    """This step's schedule values, times each parameter group's scale (layer decay, the heads' own)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+        group["weight_decay"] = weight_decay * group["wd_scale"]
+
+
+def sync_batchnorm(fabric: Any, method: nn.Module) -> nn.Module:
+    """``trainer.sync_batchnorm``: batch statistics over all processes (torch's SyncBatchNorm is CUDA-only)."""
+    if fabric.world_size == 1:
+        return method
+    if fabric.device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(method)
+    if fabric.global_rank == 0:
+        log.warning("SyncBatchNorm needs CUDA; on %s each process normalises with its own batch statistics",
+                    fabric.device.type)
+    return method

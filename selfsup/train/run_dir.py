@@ -1,0 +1,205 @@
+"""A run directory while it trains: resuming it, its config changes, its checkpoints and exported backbones.
+
+Layout: see :mod:`selfsup.checkpoint`. A checkpoint holds ``model``, ``optimizer``, ``step``, the training clock
+(``train_time_s``, ``cpu_time_s``) and the resolved ``config``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, remove_stale_temporaries, save_checkpoint
+from selfsup.config import Config, ConfigError, save_config, to_dict
+from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
+from selfsup.train.signals import TrainingDiverged, reduced, unhealthy
+from selfsup.train.views import StepViews
+
+log = logging.getLogger("selfsup")
+
+# Keys that may change when a run is resumed: they do not affect the computation.
+RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
+                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval",
+                     "data.num_workers"}
+
+
+def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path,
+                            allowed: tuple[str, ...] = ()) -> list[str]:
+    """Refuse to resume a run directory whose config differs in anything that changes the computation.
+
+    Differences under the ``allowed`` sections (e.g. ``("optim",)``) are accepted and returned as
+    ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
+    not a change: it is measured again on the same data.
+    """
+
+    def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(tree, dict):
+            out: dict[str, Any] = {}
+            for key, value in tree.items():
+                out.update(flatten(value, f"{prefix}{key}."))
+            return out
+        return {prefix[:-1]: tree}
+
+    def under(key: str, sections) -> bool:
+        return any(key == r or key.startswith(r + ".") for r in sections)
+
+    old, new = flatten(saved), flatten(current)
+    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k) and not under(k, RESUMABLE_CHANGES)
+             and not (k.startswith(("data.mean", "data.std")) and new.get(k) is None)]
+    refused = [k for k in diffs if not under(k, allowed)]
+    if refused:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in refused[:5])
+        hint = (" To resume with other optim.* settings, add --allow-optim-change."
+                if all(under(k, ("optim",)) for k in refused) else "")
+        raise ConfigError(f"{run_dir} holds a run with a different config ({shown}). Resume it with "
+                          f"`selfsup pretrain {run_dir}`, or start a new run with trainer.out=<new dir>.{hint}")
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs]
+
+
+def record_config_changes(run_dir: Path, step: int, changes: list[str]) -> None:
+    """Log the accepted config changes of a resume and append them to ``config_changes.log``."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with (run_dir / "config_changes.log").open("a") as f:
+        for change in changes:
+            log.warning("resuming at step %d with a changed config: %s", step, change)
+            f.write(f"{stamp} step {step}: {change}\n")
+
+
+def run_checkpoint(run_dir: Path) -> Path:
+    """``init_from``: the checkpoint of a finished run (a staged run's last stage's)."""
+    candidates = [run_dir / CHECKPOINT, *sorted((run_dir / "stages").glob(f"*/{CHECKPOINT}"),
+                                              key=lambda p: int(p.parent.name.split("_")[0]))[-1:]]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigError(f"init_from: {run_dir} holds no {CHECKPOINT} (nor stages/*/{CHECKPOINT}); point it at the run "
+                      "directory of a finished `selfsup pretrain`")
+
+
+class RunDir:
+    """One stage's run directory (``cfg.trainer.out``) during training, on every process.
+
+    Made from the config: reads the checkpoint (if any) and checks that the config may resume it. Then
+    :meth:`restore` loads its state into the model and optimiser, :meth:`open` gives it what it saves (the config
+    with the measured normalisation, the model, the optimiser) and writes the directory, :meth:`start_logs`
+    starts its logs, and :meth:`checkpoint` / :meth:`export` save. ``saved_step``: the step of the checkpoint on
+    disk, None before one.
+    """
+
+    def __init__(self, fabric: Any, cfg: Config, allow_optim_change: bool) -> None:
+        self.fabric, self.cfg, self.is_main = fabric, cfg, fabric.global_rank == 0
+        self.path = Path(cfg.trainer.out)
+        self.checkpoint_path = self.path / CHECKPOINT
+        self.state = load_checkpoint(self.checkpoint_path) if self.checkpoint_path.is_file() else None
+        self.changes: list[str] = []
+        if self.state is not None:
+            self.changes = check_resume_compatible(self.state["config"], to_dict(cfg), self.path,
+                                                   allowed=("optim",) if allow_optim_change else ())
+        self.start_step = int(self.state["step"]) if self.state is not None else 0
+        self.saved_step = self.start_step if self.state is not None else None
+        self.clock = TrainClock(self.state)
+
+    def restore(self, method: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the checkpoint's model and optimiser state (the optimiser's only if ``optim.name`` is unchanged)."""
+        if self.state is None:
+            return
+        method.load_state_dict(self.state["model"])
+        if self.state["config"]["optim"]["name"] == self.cfg.optim.name:
+            # The saved moments, with this config's hyper-parameters (betas, momentum...; lr and wd are set per step).
+            hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            optimizer.load_state_dict(self.state["optimizer"])
+            for group, values in zip(optimizer.param_groups, hyper):
+                group.update(values)
+        elif self.is_main:
+            log.warning("optim.name changed to %s: the optimiser starts with fresh state", self.cfg.optim.name)
+
+    def open(self, cfg: Config, method: nn.Module, optimizer: torch.optim.Optimizer, backbone_params: dict[str, Any],
+             channels: int, image_size: int) -> None:
+        """What the run saves: ``cfg`` (with the measured normalisation), the (unwrapped) method and its optimiser,
+        and what ``backbone.json`` records. The main process writes the directory: config.yaml, and
+        config_changes.log for a resume's accepted changes."""
+        self.cfg, self.method, self.optimizer = cfg, method, optimizer
+        self.backbone_meta = {"backbone": cfg.model.backbone, "params": backbone_params, "method": cfg.method["name"],
+                              "image_size": image_size, "channels": channels, "mean": cfg.data.mean,
+                              "std": cfg.data.std, "dataset": cfg.data.dataset, "seed": cfg.trainer.seed}
+        if self.is_main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.path)
+            save_config(cfg, self.path / "config.yaml")
+            if self.changes:
+                record_config_changes(self.path, self.start_step, self.changes)
+
+    def start_logs(self, total_steps: int, steps_per_epoch: int, knn_monitor: KNNAccuracy | None,
+                   stage: str | None) -> TrainingLog:
+        """The run's logs, continued from the resumed step (written by the main process)."""
+        self.logbook = TrainingLog(self.cfg, self.path, self.start_step, total_steps, steps_per_epoch, knn_monitor,
+                                   stage, show_progress=self.cfg.trainer.progress and self.is_main)
+        return self.logbook
+
+    def clock_step(self, images: int) -> None:
+        """A step of ``images`` images ended: stop the training clock and count the step for the images/s."""
+        self.logbook.count(self.clock.stop(), images)
+
+    def log_step(self, step: int, lr: float, out: Any, step_views: StepViews) -> None:
+        """Record the step output of ``step`` (main process), with the streamed images that were unreadable (a sum
+        over the processes) when a row is due."""
+        unreadable = (reduced(self.fabric, step_views.unreadable, torch.distributed.ReduceOp.SUM)
+                      if self.logbook.row_due(step) and step_views.streamed else None)
+        if self.is_main:
+            self.logbook.record(step, lr, out, self.clock, self.method.backbone, self.fabric.device, unreadable)
+
+    def plot(self, samples: torch.Tensor | None) -> None:
+        """The metrics' curves, the eigenspectra and the method's own pictures (of ``samples``), into plots/."""
+        self.logbook.plot(self.path / "plots")
+        if hasattr(self.method, "plot"):
+            self.method.plot(self.path / "plots", self.logbook.metrics.rows, samples)
+
+    def flush_logs(self) -> None:
+        if self.is_main:
+            self.logbook.flush()
+
+    def checkpoint(self, step: int) -> None:
+        """Write the state after ``step`` steps, unless the weights are unfit (then the last good one stays).
+
+        Every process takes the same decision: the weights and optimiser state are the same on all of them.
+        """
+        problem = unhealthy(self.method, self.optimizer)
+        if problem is None:
+            if self.is_main:
+                save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
+                                                       "optimizer": self.optimizer.state_dict(), "step": step,
+                                                       **self.clock.state(), "config": to_dict(self.cfg)})
+            self.saved_step = step
+        elif self.is_main:
+            log.warning("step %d not checkpointed: %s; %s", step, problem, self.last_checkpoint_text())
+        self.flush_logs()
+        self.fabric.barrier()
+
+    def checkpoint_unless_saved(self, step: int) -> None:
+        if self.saved_step != step:
+            self.checkpoint(step)
+
+    def export(self, folder: Path, step: int) -> None:
+        """The backbone as evaluation reads it: safetensors + backbone.json (with the step and training time)."""
+        meta = dict(self.backbone_meta)
+        meta["params"] = {**meta["params"], **getattr(self.method, "export_params", {})}
+        export_backbone(folder, self.method.backbone, {**meta, "steps": step, **self.clock.state()})
+
+    def last_checkpoint_text(self) -> str:
+        if self.saved_step is None:
+            return "no checkpoint was written yet"
+        return (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) was written with a finite loss "
+                "and sane weights")
+
+    def diverged(self, reason: str) -> TrainingDiverged:
+        """The error to raise when training diverged: which checkpoint is left, and how to go on."""
+        self.flush_logs()
+        fix = (f"resume it with a lower lr: `selfsup pretrain {self.path} optim.lr=... --allow-optim-change` "
+               "(or set optim.clip_grad)" if self.saved_step is not None
+               else "lower optim.lr or set optim.clip_grad and start again")
+        return TrainingDiverged(f"{reason}; {self.last_checkpoint_text()}; {fix}")
