@@ -19,7 +19,7 @@ import torch
 
 from selfsup.config import load_config
 from selfsup.eval.run import evaluate_run, run_config
-from selfsup.pretrain import pretrain
+from selfsup.launch import pretrain
 
 
 def cpu_minutes() -> float:

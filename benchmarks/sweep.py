@@ -21,7 +21,7 @@ from typing import Any
 
 from pretrain_eval import pretrain_and_evaluate
 from selfsup.config import ConfigError, load_config, to_dict
-from selfsup.pretrain import validate
+from selfsup.launch import validate
 
 
 def split_values(text: str) -> list[str]:

@@ -21,7 +21,7 @@ from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
 from selfsup.methods.assemble import assemble_model
-from selfsup.pretrain import validate
+from selfsup.launch import validate
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.views import StepViews, build_view_groups, crop_specs, image_shape, normalization, views_maker
 

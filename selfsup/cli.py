@@ -44,7 +44,7 @@ def pretrain_config(target: Path, overrides: list[str]) -> "Config":
 
 def run_pretrain(cfg: "Config", allow_optim_change: bool = False) -> Path:
     """Train ``cfg`` into ``trainer.out`` (what ``selfsup pretrain`` and ``selfsup.pretrain`` run)."""
-    from selfsup.pretrain import pretrain
+    from selfsup.launch import pretrain
 
     return pretrain(cfg, allow_optim_change=allow_optim_change)
 

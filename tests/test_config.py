@@ -181,7 +181,7 @@ def test_every_shipped_config_loads_and_validates():
     from pathlib import Path
 
     from selfsup.config import load_config
-    from selfsup.pretrain import validate
+    from selfsup.launch import validate
 
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*/*.yaml"))
     assert len(configs) >= 5
@@ -195,7 +195,7 @@ def test_laptop_presets_are_sized_to_their_runs():
     from pathlib import Path
 
     from selfsup.config import load_config, stage_configs
-    from selfsup.pretrain import run_warnings
+    from selfsup.launch import run_warnings
     from selfsup.train.schedules import run_steps, warmup_steps
 
     paths = sorted((Path(__file__).parent.parent / "configs" / "fashion_mnist").glob("*.yaml"))

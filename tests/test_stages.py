@@ -137,13 +137,13 @@ def test_stage_config_errors_name_the_problem(tmp_path, config):
         path.write_text(bad)
         with pytest.raises(ConfigError, match=message):
             stage_configs(load_config(path))
-    from selfsup.pretrain import validate
+    from selfsup.launch import validate
 
     path.write_text("method: {name: nnclr, queue_size: 100}\ntrainer: {batch_size: 64}")
     with pytest.raises(ConfigError, match="method.queue_size: 100 is not a multiple of the global batch 64"):
         validate(load_config(path))  # before any data is read or step taken
     path.write_text("model: {backbone: resnet18, freeze: 1}\ndata: {dataset: digits}")
-    from selfsup.pretrain import pretrain
+    from selfsup.launch import pretrain
 
     with pytest.raises(ConfigError, match="model.freeze=1 needs a ViT"):
         pretrain(load_config(path, [f"trainer.out={tmp_path / 'r'}", "trainer.max_steps=1"]))

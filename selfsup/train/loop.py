@@ -7,7 +7,7 @@ function of the global step: the batch indices (:class:`StepSampler`), the augme
 is killed and resumed ends with the same weights as an uninterrupted one.
 
 The method and the online kNN monitor come from the caller (:class:`Plugins`, filled in by
-:mod:`selfsup.pretrain`): ``selfsup.train`` imports neither ``selfsup.methods`` nor ``selfsup.eval``.
+:mod:`selfsup.launch`): ``selfsup.train`` imports neither ``selfsup.methods`` nor ``selfsup.eval``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Plugins:
     # (cfg, channels, image_size, total_steps, carried weights or None, logger or None) -> (backbone params, method):
     # the method around its backbone, started from the carried weights, frozen (selfsup.methods.assemble).
     build_model: Callable[..., tuple[dict[str, Any], nn.Module]]
-    # (cfg, total_steps, warmup_steps) -> settings that run but are probably wrong (selfsup.pretrain.run_warnings).
+    # (cfg, total_steps, warmup_steps) -> settings that run but are probably wrong (selfsup.launch.run_warnings).
     run_warnings: Callable[[Config, int, int], list[str]]
     # (cfg, data, mean, std, channels, image_size) -> the online kNN monitor (selfsup.eval.monitor).
     knn_monitor: Callable[..., KNNAccuracy | None]

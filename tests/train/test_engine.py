@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from selfsup.config import ConfigError, OptimConfig, load_config
-from selfsup.pretrain import run_warnings, validate
+from selfsup.launch import run_warnings, validate
 from selfsup.train.schedules import cosine_schedule, lr_wd_schedules, warmup_steps
 
 
@@ -66,7 +66,7 @@ def test_warnings_name_a_long_warmup_and_more_prototypes_than_the_batch() -> Non
 
 
 def test_the_engine_imports_neither_the_methods_nor_the_evaluation() -> None:
-    """``selfsup.train`` is handed the method and the kNN monitor (``selfsup.pretrain``): no import runs back up."""
+    """``selfsup.train`` is handed the method and the kNN monitor (``selfsup.launch``): no import runs back up."""
     train_dir = Path(__file__).parents[2] / "selfsup" / "train"
     upward = []
     for path in sorted(train_dir.glob("*.py")):
