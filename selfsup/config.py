@@ -13,12 +13,13 @@ paths) to compose presets; later files and overrides win, mappings merge key by 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -27,22 +28,84 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names it and what is allowed."""
 
 
+# ----------------------------------------------------------------------------------------------
+# Allowed values, declared with each field's type and enforced by one validator (:func:`from_dict`)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field allows, declared where the field is: ``lr: Annotated[float, Range(gt=0)]``.
+
+    :func:`from_dict` checks every field's range when a config is loaded or coerced (``load_config``: pretrain,
+    resume, bench; ``run_config``: eval; ``method_config``: the method sections), so a bad value fails with a
+    message naming the key and the range before any work. Floats must also be finite (nan and inf never pass).
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    example: str = ""  # shown after the range, e.g. "0.001"
+
+    def allows(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self, kind: str = "a number") -> str:
+        """E.g. ``"a number in (0, 1), e.g. 0.1"`` (``kind``: "a number" or "an integer")."""
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+        low = f"[{num(self.ge)}" if self.ge is not None else f"({num(self.gt)}" if self.gt is not None else None
+        high = f"{num(self.le)}]" if self.le is not None else f"{num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            text = f"{kind} in {low}, {high}"
+        elif low:
+            text = f"{kind} {'>=' if self.ge is not None else '>'} {low[1:]}"
+        elif high:
+            text = f"{kind} {'<=' if self.le is not None else '<'} {high[:-1]}"
+        else:
+            text = f"{kind} (finite)"
+        return text + (f", e.g. {self.example}" if self.example else "")
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    """A list field that needs at least one element: ``Annotated[list[int], NonEmpty()]``."""
+
+
+# The common ranges, by name. Fields with another range, or an example in the message, spell out their Range.
+PositiveInt = Annotated[int, Range(ge=1)]
+NonNegativeInt = Annotated[int, Range(ge=0)]
+Positive = Annotated[float, Range(gt=0)]
+NonNegative = Annotated[float, Range(ge=0)]
+Probability = Annotated[float, Range(ge=0, le=1)]
+Seed = Annotated[int, Range(ge=0, le=2**31 - 1)]
+Width = Annotated[int, Range(ge=1, le=2**20)]  # a layer width or embedding size (sized for memory)
+Widths = Annotated[list[Width], NonEmpty()]
+Momentum = Annotated[float, Range(ge=0, le=1, example="0.996")]
+Temperature = Annotated[float, Range(gt=0, example="0.1")]
+
+
 @dataclass
 class DataConfig:
     dataset: str = "fashion_mnist"
     root: str | None = None
     train_split: str = "train"
     eval_split: str = "test"
-    image_size: int | None = None  # None keeps the stored size
-    channels: int | None = None  # None keeps the stored channels
-    fraction: float = 1.0  # seeded subset of the pretraining split
-    fraction_seed: int = 0
-    mean: list[float] | None = None  # per-channel normalisation; None = measured on the data
-    std: list[float] | None = None
+    image_size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None keeps the stored size
+    channels: Literal[1, 3] | None = None  # None keeps the stored channels
+    fraction: Annotated[float, Range(gt=0, le=1)] = 1.0  # seeded subset of the pretraining split
+    fraction_seed: Seed = 0
+    mean: Annotated[list[float], NonEmpty()] | None = None  # per-channel normalisation; None = measured on the data
+    std: Annotated[list[Positive], NonEmpty()] | None = None
     # Image folders and shards: decode them into memory (false), or stream them from the files with the crops
     # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
     stream: bool | Literal["auto"] = "auto"
-    num_workers: int | None = None  # streaming loader processes; null = one per CPU core, at most 8
+    num_workers: Annotated[int, Range(ge=0, le=256)] | None = None  # streaming loader processes; null = one per CPU core, at most 8
+    # Shards whose tar holds fewer samples than index.json lists (a copy cut short) are an error naming the shard;
+    # true reads what is there and warns with the number of samples lost.
+    allow_incomplete_shards: bool = False
 
 
 @dataclass
@@ -50,8 +113,8 @@ class ViewConfig:
     """``num`` crops made with one augmentation preset (plus overrides) at ``size`` pixels."""
 
     preset: str = "simclr"
-    num: int = 1
-    size: int | None = None  # None = data.image_size (or the stored size)
+    num: Annotated[int, Range(ge=1, le=256)] = 1
+    size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None = data.image_size (or the stored size)
     params: dict[str, Any] = field(default_factory=dict)
     # The crop and flip drawn once per image and shared by the num views, which differ in colour only
     # (ExtreMA's "shared crop + colour", Wu et al. Sec. 5.1).
@@ -65,100 +128,115 @@ class ModelConfig:
     # Frozen part of the trained encoder: k = the stem and the first k ViT blocks (MAE-CT's contrastive tuning
     # freezes the lower half); all = every encoder parameter (MAE-CT's head initialisation). No gradients, no
     # optimiser state, frozen blocks in eval mode.
-    freeze: int | Literal["all"] | None = None
+    freeze: NonNegativeInt | Literal["all"] | None = None
 
 
 @dataclass
 class OptimConfig:
     name: Literal["adamw", "adam", "sgd", "lars"] = "adamw"
-    lr: float = 1e-3  # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    lr: Annotated[float, Range(gt=0, example="0.001")] = 1e-3  # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
     lr_scaling: Literal["none", "linear"] = "none"
-    min_lr: float = 0.0
-    warmup_epochs: float = 0.0
-    warmup_fraction: float | None = None  # warm-up as a fraction of the run's steps (instead of warmup_epochs)
+    min_lr: NonNegative = 0.0
+    warmup_epochs: NonNegative = 0.0
+    warmup_fraction: Annotated[float, Range(ge=0, lt=1, example="0.05")] | None = None  # warm-up as a fraction of the run's steps (instead of warmup_epochs)
     schedule: Literal["cosine", "constant"] = "cosine"
-    weight_decay: float = 1e-6
-    weight_decay_end: float | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
-    schedule_stretch: float = 1.0  # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    momentum: float = 0.9  # SGD and LARS
-    lars_eta: float = 0.02
-    clip_grad: float | None = None
+    weight_decay: NonNegative = 1e-6
+    weight_decay_end: NonNegative | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
+    schedule_stretch: Annotated[float, Range(ge=1, example="1.25 (MSN's code)")] = 1.0  # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
+    betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: Probability = 0.9  # SGD and LARS
+    lars_eta: Positive = 0.02
+    clip_grad: Positive | None = None
     # Layer-wise lr decay (BEiT; MAE-CT 0.65): encoder block i of L gets lr * decay^(L - i) (0-indexed), the
     # stem decay^(L + 1), what follows the blocks (final norm) and the heads lr. 1 = off.
-    layer_decay: float = 1.0
-    head_lr: float | None = None  # lr of the parameters outside the encoder (heads); null = optim.lr
-    head_weight_decay: float | None = None  # their weight decay (MAE-CT 1e-5 against 0.05); null = optim.weight_decay
+    layer_decay: Annotated[float, Range(gt=0, le=1, example="0.65")] = 1.0
+    head_lr: Positive | None = None  # lr of the parameters outside the encoder (heads); null = optim.lr
+    head_weight_decay: NonNegative | None = None  # their weight decay (MAE-CT 1e-5 against 0.05); null = optim.weight_decay
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ConfigError(f"bad value for optim.betas: {self.betas!r}; use two numbers in [0, 1), e.g. [0.9, 0.999]")
+        if self.warmup_fraction is not None and self.warmup_epochs:
+            raise ConfigError("optim.warmup_fraction and optim.warmup_epochs are both set; keep one of them "
+                              "(warmup_epochs=0 to use the fraction)")
 
 
 @dataclass
 class TrainerConfig:
     out: str = "runs/default"
-    epochs: float = 10.0
-    max_steps: int | None = None  # overrides epochs when set
-    batch_size: int = 256  # global batch (images); each process gets batch_size / world_size
+    epochs: NonNegative = 10.0
+    max_steps: NonNegativeInt | None = None  # overrides epochs when set; 0 exports the initial backbone
+    batch_size: Annotated[int, Range(ge=2, example="256")] = 256  # global batch (images); each process gets batch_size / world_size
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
-    devices: int = 1
-    num_nodes: int = 1
+    devices: Annotated[int, Range(ge=1, le=1024)] = 1
+    num_nodes: Annotated[int, Range(ge=1, le=65536)] = 1
     strategy: Literal["auto", "ddp", "ddp_spawn"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
     channels_last: bool = True  # NHWC memory format: 2-4x faster convolutions on CPU (oneDNN)
-    seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch default
-    log_every_steps: int = 20
-    checkpoint_every_steps: int = 200
-    export_every_steps: int = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
+    seed: Seed = 0
+    num_threads: Annotated[int, Range(ge=1, le=1024)] | None = None  # torch intra-op threads on CPU; None = torch default
+    log_every_steps: PositiveInt = 20
+    checkpoint_every_steps: PositiveInt = 200
+    export_every_steps: NonNegativeInt = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size % (self.devices * self.num_nodes):
+            raise ConfigError(f"bad value for trainer.batch_size: {self.batch_size}; the global batch must be divisible "
+                              f"by the {self.devices * self.num_nodes} processes (trainer.devices x trainer.num_nodes)")
+        if self.max_steps is None and not self.epochs > 0:
+            raise ConfigError(f"bad value for trainer.epochs: {self.epochs}; use a positive number (or set "
+                              f"trainer.max_steps)")
 
 
 @dataclass
 class MonitorConfig:
-    knn_every_steps: int = 0  # 0 disables the online kNN monitor
-    knn_train_size: int = 5000
-    knn_test_size: int = 1000
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    collapse_every_steps: int = 100  # per-dimension std and effective rank of the embeddings
+    knn_every_steps: NonNegativeInt = 0  # 0 disables the online kNN monitor
+    knn_train_size: PositiveInt = 5000
+    knn_test_size: PositiveInt = 1000
+    knn_k: PositiveInt = 20
+    knn_temperature: Temperature = 0.07
+    collapse_every_steps: NonNegativeInt = 100  # per-dimension std and effective rank of the embeddings
 
 
 @dataclass
 class EvalConfig:
-    batch_size: int = 512
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    linear_epochs: int = 30
-    linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
-    linear_weight_decays: list[float] = field(default_factory=lambda: [0.0, 1e-4])
+    batch_size: PositiveInt = 512
+    knn_k: PositiveInt = 20
+    knn_temperature: Temperature = 0.07
+    linear_epochs: PositiveInt = 30
+    linear_lrs: Annotated[list[Positive], NonEmpty()] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
+    linear_weight_decays: Annotated[list[NonNegative], NonEmpty()] = field(default_factory=lambda: [0.0, 1e-4])
     # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).
-    linear_views: int = 1
-    linear_label_smoothing: float = 0.0  # Ghosh et al. 2024's probe: 0.1
-    lowshot_shots: list[int] = field(default_factory=lambda: [1, 2, 5, 10])
-    lowshot_percents: list[float] = field(default_factory=lambda: [1.0])
-    lowshot_splits: int = 3
-    cluster_n_init: int = 3
+    linear_views: Annotated[int, Range(ge=1, le=1024)] = 1
+    linear_label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0  # Ghosh et al. 2024's probe: 0.1
+    lowshot_shots: list[PositiveInt] = field(default_factory=lambda: [1, 2, 5, 10])
+    lowshot_percents: list[Annotated[float, Range(gt=0, le=100, example="1.0 (1 %)")]] = field(default_factory=lambda: [1.0])
+    lowshot_splits: PositiveInt = 3
+    cluster_n_init: PositiveInt = 3
     # Fine-tuning (selfsup eval finetune): AdamW, warm-up (a fraction of the steps) + cosine, layer-wise lr decay,
     # label smoothing, drop path (ViTs), the run's views.0 augmentation; on all the labels, a fraction of each class
     # (MAE / ExtreMA: 0.01, 0.1) or a number per class.
-    finetune_epochs: int = 10
-    finetune_batch_size: int = 128
-    finetune_lr: float = 1.0e-3
-    finetune_layer_decay: float = 0.65
-    finetune_weight_decay: float = 0.05
-    finetune_warmup: float = 0.1
-    finetune_label_smoothing: float = 0.1
-    finetune_drop_path: float = 0.1
-    finetune_fraction: float = 1.0
-    finetune_per_class: int | None = None
-    seed: int = 0
+    finetune_epochs: PositiveInt = 10
+    finetune_batch_size: PositiveInt = 128
+    finetune_lr: Positive = 1.0e-3
+    finetune_layer_decay: Annotated[float, Range(gt=0, le=1, example="0.65")] = 0.65
+    finetune_weight_decay: NonNegative = 0.05
+    finetune_warmup: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_drop_path: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_fraction: Annotated[float, Range(gt=0, le=1)] = 1.0
+    finetune_per_class: PositiveInt | None = None
+    seed: Seed = 0
     # Model selection without the test set: hold out this class-stratified, seeded fraction of the labelled
     # training split and evaluate on it instead of data.eval_split (the rest is the labelled training set).
-    holdout: float | None = None
+    holdout: Annotated[float, Range(gt=0, lt=1, example="0.1, or null to evaluate on data.eval_split")] | None = None
 
     def __post_init__(self) -> None:
-        if self.holdout is not None and not 0.0 < self.holdout < 1.0:
-            raise ConfigError(f"bad value for eval.holdout: {self.holdout!r}; use a fraction in (0, 1), e.g. 0.1, "
-                              f"or null to evaluate on data.eval_split")
+        if not self.lowshot_shots and not self.lowshot_percents:
+            raise ConfigError("eval.lowshot_shots and eval.lowshot_percents are both empty; give at least one, "
+                              "e.g. eval.lowshot_shots=[1,2,5]")
 
 
 @dataclass
@@ -176,6 +254,15 @@ class Config:
     # model: {freeze: 2}, optim: {lr: 1e-4}, trainer: {epochs: 2}}``, plus an optional ``init_from: RUN_DIR``
     # (start from that run's weights instead of the previous stage's). Empty: one stage, the config itself.
     stages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Check each field of the flat config dataclass ``obj`` against its declared type and range, as
+    :func:`from_dict` does on load; call it from ``__post_init__`` so a config built in Python is checked too
+    (``MSNConfig(momentum=2)``)."""
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        _coerce(hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,14 +339,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 raise ConfigError(f"views.{index} must be overridden key by key, e.g. views.{index}.num=2")
             views[index] = deep_merge(views[index], update)
         tree["views"] = views
-    return from_dict(Config, deep_merge(raw, tree))
+    cfg = from_dict(Config, deep_merge(raw, tree))
+    check_method_sections(cfg)
+    return cfg
+
+
+def check_method_sections(cfg: Config) -> None:
+    """The ``method`` section of the config and of every stage, against the method's own config dataclass (whose
+    fields declare their ranges as this module's do); also checks the stages themselves."""
+    from selfsup.methods import method_config  # the methods import this module
+
+    method_config(cfg.method)
+    for stage in stage_configs(cfg):
+        method_config(stage.cfg.method)
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, checking keys and value types recursively."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -270,9 +369,26 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+class _BadValue(ConfigError):
+    """A value of the wrong type or out of range; ``allowed`` says what the field takes."""
+
+    def __init__(self, path: str, value: Any, allowed: str) -> None:
+        super().__init__(f"bad value for {path}: {value!r}; {allowed}")
+        self.path, self.allowed = path, allowed
+
+
 def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """``value`` as type ``tp`` (dataclasses recursively), checking each declared :class:`Range` / :class:`NonEmpty`."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:
+        value = _coerce(args[0], value, path)
+        for rule in args[1:]:
+            if isinstance(rule, Range) and not rule.allows(value):
+                raise _BadValue(path, value, f"use {rule.describe('an integer' if args[0] is int else 'a number')}")
+            if isinstance(rule, NonEmpty) and not value:
+                raise _BadValue(path, value, "use a list of at least one element")
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -281,11 +397,16 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             try:
                 return _coerce(arg, value, path)
             except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"bad value for {path}: {value!r} ({'; '.join(errors)})")
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        if all(isinstance(e, _BadValue) and e.path == path for e in errors):  # one message: what each type allows
+            allowed = "; or ".join(e.allowed for e in errors) + (", or null" if type(None) in args else "")
+            raise _BadValue(path, value, allowed)
+        raise ConfigError(f"bad value for {path}: {value!r} ({'; '.join(map(str, errors))})")
     if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"bad value for {path}: {value!r}; allowed values: {', '.join(map(str, args))}")
+        if not any(value == a and type(value) is type(a) for a in args):  # True is not 1, 1.0 is not 1
+            raise _BadValue(path, value, f"allowed values: {', '.join(map(str, args))}")
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, prefix=f"{path}.")
@@ -293,23 +414,29 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):
-            raise ConfigError(f"bad value for {path}: expected a list, got {value!r}")
+            raise _BadValue(path, value, "use a list, e.g. [1, 2]")
         return [_coerce(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"bad value for {path}: expected a mapping, got {value!r}")
+            raise _BadValue(path, value, "use a mapping, e.g. {key: value}")
         return dict(value)
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond float's range
+            raise _BadValue(path, value, "use a finite number") from None
     if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        raise ConfigError(f"bad value for {path}: expected {tp.__name__}, got {value!r}")
+        kinds = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+        raise _BadValue(path, value, f"use {kinds.get(tp, tp.__name__)}")
+    if tp is float and not math.isfinite(value):
+        raise _BadValue(path, value, "use a finite number")
     return value
 
 
