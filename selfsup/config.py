@@ -13,6 +13,7 @@ paths) to compose presets; later files and overrides win, mappings merge key by 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -256,11 +257,17 @@ class Config:
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A config dataclass's field types with their ranges (``Annotated`` kept)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def check_fields(obj: Any, prefix: str) -> None:
     """Check each field of the flat config dataclass ``obj`` against its declared type and range, as
     :func:`from_dict` does on load; call it from ``__post_init__`` so a config built in Python is checked too
     (``MSNConfig(momentum=2)``)."""
-    hints = typing.get_type_hints(type(obj), include_extras=True)
+    hints = _type_hints(type(obj))
     for f in dataclasses.fields(obj):
         _coerce(hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}")
 
@@ -269,13 +276,17 @@ def check_fields(obj: Any, prefix: str) -> None:
 # Loading, merging, overrides
 
 
+# libyaml's parser where PyYAML was built with it (same safe constructors, ~10x faster on a resolved config.yaml).
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config, resolving ``_base_`` presets recursively (relative to the file)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/vicreg.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
     if not isinstance(raw, dict):
@@ -358,7 +369,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, checking keys and value types recursively."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -372,9 +383,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
 class _BadValue(ConfigError):
     """A value of the wrong type or out of range; ``allowed`` says what the field takes."""
 
-    def __init__(self, path: str, value: Any, allowed: str) -> None:
+    def __init__(self, path: str, value: Any, allowed: str, wrong_type: bool = False) -> None:
         super().__init__(f"bad value for {path}: {value!r}; {allowed}")
-        self.path, self.allowed = path, allowed
+        self.path, self.allowed, self.wrong_type = path, allowed, wrong_type
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -398,15 +409,16 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 return _coerce(arg, value, path)
             except ConfigError as err:
                 errors.append(err)
-        if len(errors) == 1:
-            raise errors[0]
+        fitting = [e for e in errors if not getattr(e, "wrong_type", False)]
+        if len(errors) == 1 or len(fitting) == 1:  # the one type the value has says what is wrong with it
+            raise fitting[0] if fitting else errors[0]
         if all(isinstance(e, _BadValue) and e.path == path for e in errors):  # one message: what each type allows
             allowed = "; or ".join(e.allowed for e in errors) + (", or null" if type(None) in args else "")
             raise _BadValue(path, value, allowed)
         raise ConfigError(f"bad value for {path}: {value!r} ({'; '.join(map(str, errors))})")
     if origin is Literal:
         if not any(value == a and type(value) is type(a) for a in args):  # True is not 1, 1.0 is not 1
-            raise _BadValue(path, value, f"allowed values: {', '.join(map(str, args))}")
+            raise _BadValue(path, value, f"allowed values: {', '.join(map(str, args))}", wrong_type=True)
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, prefix=f"{path}.")
@@ -414,11 +426,11 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):
-            raise _BadValue(path, value, "use a list, e.g. [1, 2]")
+            raise _BadValue(path, value, "use a list, e.g. [1, 2]", wrong_type=True)
         return [_coerce(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise _BadValue(path, value, "use a mapping, e.g. {key: value}")
+            raise _BadValue(path, value, "use a mapping, e.g. {key: value}", wrong_type=True)
         return dict(value)
     if tp is Any:
         return value
@@ -434,7 +446,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             pass
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
         kinds = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
-        raise _BadValue(path, value, f"use {kinds.get(tp, tp.__name__)}")
+        raise _BadValue(path, value, f"use {kinds.get(tp, tp.__name__)}", wrong_type=True)
     if tp is float and not math.isfinite(value):
         raise _BadValue(path, value, "use a finite number")
     return value
