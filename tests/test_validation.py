@@ -117,6 +117,30 @@ def test_any_value_of_any_key_exits_0_or_2_with_one_error_line(workdir, monkeypa
     assert_clean(code, err, argv)
 
 
+def eval_kind(key: str) -> str:
+    """The cheapest evaluation that reads ``key`` (eval.knn_k: knn, eval.finetune_lr: finetune...)."""
+    for kind in ("knn", "linear", "lowshot", "cluster", "finetune"):
+        if key.startswith(f"eval.{kind}"):
+            return kind
+    return "knn"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(KEYS), value=st.sampled_from(GARBAGE))
+def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None:
+    """No stubs: a few drawn values go through a real run (2 steps, online kNN and collapse monitors every step) or a
+    real evaluation; what the checks accept must then run, and what fails must fail as exit 2 with one line."""
+    out = tmp_path_factory.mktemp("real")
+    if key.startswith("eval."):
+        argv = ["eval", eval_kind(key), str(workdir / "run"), f"{key}={value}", "eval.finetune_epochs=1"]
+    else:
+        argv = [*argv_for("pretrain", key, value, workdir)[:2], f"trainer.out={out}", "trainer.max_steps=2",
+                "monitor.knn_every_steps=1", "monitor.knn_train_size=200", "monitor.knn_test_size=100",
+                "monitor.collapse_every_steps=1", *argv_for("pretrain", key, value, workdir)[3:]]
+    code, err = cli(argv)
+    assert_clean(code, err, argv)
+
+
 def test_every_key_with_every_boundary_value(workdir, monkeypatch) -> None:
     """The exhaustive sweep beside the random one: each key x each of BOUNDARY, through pretrain (eval keys: eval)."""
     start, rejected = time.perf_counter(), 0
