@@ -104,9 +104,10 @@ class DataConfig:
     # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
     stream: bool | Literal["auto"] = "auto"
     num_workers: Annotated[int, Range(ge=0, le=256)] | None = None  # streaming loader processes; null = one per CPU core, at most 8
-    # Shards whose tar holds fewer samples than index.json lists (a copy cut short) are an error naming the shard;
-    # true reads what is there and warns with the number of samples lost.
-    allow_incomplete_shards: bool = False
+    # Shards whose tar holds fewer samples than index.json lists (a copy cut short) are an error naming the shard
+    # (null or false); true reads what is there and warns with the number of samples lost. (null, not false, is
+    # the default so that runs saved before this key existed still resume: their config has no such key.)
+    allow_incomplete_shards: bool | None = None
 
 
 @dataclass
