@@ -285,7 +285,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config, resolving ``_base_`` presets recursively (relative to the file)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/vicreg.yaml)")
+        raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/quickstart.yaml)")
     try:
         raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as err:
