@@ -103,7 +103,8 @@ class DataConfig:
     # Image folders and shards: decode them into memory (false), or stream them from the files with the crops
     # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
     stream: bool | Literal["auto"] = "auto"
-    num_workers: Annotated[int, Range(ge=0, le=256)] | None = None  # streaming loader processes; null = one per CPU core, at most 8
+    # streaming loader processes; null = one per CPU core, at most 8
+    num_workers: Annotated[int, Range(ge=0, le=256)] | None = None
     # Shards whose tar holds fewer samples than index.json lists (a copy cut short) are an error naming the shard
     # (null or false); true reads what is there and warns with the number of samples lost. (null, not false, is
     # the default so that runs saved before this key existed still resume: their config has no such key.)
@@ -136,15 +137,18 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     name: Literal["adamw", "adam", "sgd", "lars"] = "adamw"
-    lr: Annotated[float, Range(gt=0, example="0.001")] = 1e-3  # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    lr: Annotated[float, Range(gt=0, example="0.001")] = 1e-3
     lr_scaling: Literal["none", "linear"] = "none"
     min_lr: NonNegative = 0.0
     warmup_epochs: NonNegative = 0.0
-    warmup_fraction: Annotated[float, Range(ge=0, lt=1, example="0.05")] | None = None  # warm-up as a fraction of the run's steps (instead of warmup_epochs)
+    # warm-up as a fraction of the run's steps (instead of warmup_epochs)
+    warmup_fraction: Annotated[float, Range(ge=0, lt=1, example="0.05")] | None = None
     schedule: Literal["cosine", "constant"] = "cosine"
     weight_decay: NonNegative = 1e-6
     weight_decay_end: NonNegative | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
-    schedule_stretch: Annotated[float, Range(ge=1, example="1.25 (MSN's code)")] = 1.0  # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
+    # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
+    schedule_stretch: Annotated[float, Range(ge=1, example="1.25 (MSN's code)")] = 1.0
     betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
     momentum: Probability = 0.9  # SGD and LARS
     lars_eta: Positive = 0.02
@@ -168,7 +172,8 @@ class TrainerConfig:
     out: str = "runs/default"
     epochs: NonNegative = 10.0
     max_steps: NonNegativeInt | None = None  # overrides epochs when set; 0 exports the initial backbone
-    batch_size: Annotated[int, Range(ge=2, example="256")] = 256  # global batch (images); each process gets batch_size / world_size
+    # global batch (images); each process gets batch_size / world_size
+    batch_size: Annotated[int, Range(ge=2, example="256")] = 256
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Annotated[int, Range(ge=1, le=1024)] = 1
     num_nodes: Annotated[int, Range(ge=1, le=65536)] = 1
@@ -177,7 +182,8 @@ class TrainerConfig:
     sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
     channels_last: bool = True  # NHWC memory format: 2-4x faster convolutions on CPU (oneDNN)
     seed: Seed = 0
-    num_threads: Annotated[int, Range(ge=1, le=1024)] | None = None  # torch intra-op threads on CPU; None = torch default
+    # torch intra-op threads on CPU; None = torch default
+    num_threads: Annotated[int, Range(ge=1, le=1024)] | None = None
     log_every_steps: PositiveInt = 20
     checkpoint_every_steps: PositiveInt = 200
     export_every_steps: NonNegativeInt = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)

@@ -16,7 +16,8 @@ class StepSampler:
 
     def __init__(self, num_samples: int, global_batch: int, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if global_batch % world_size:
-            raise ConfigError(f"trainer.batch_size={global_batch} must be divisible by the number of processes ({world_size})")
+            raise ConfigError(f"trainer.batch_size={global_batch} must be divisible by the number of processes "
+                              f"({world_size})")
         if num_samples < global_batch:
             # Known once the data is listed, before any model is built: a bad input (exit 2), not a crash.
             raise ConfigError(f"bad value for trainer.batch_size: {global_batch}; the training split has only "

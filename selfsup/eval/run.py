@@ -94,10 +94,11 @@ def check_shots(cfg: Config, labels: torch.Tensor, split: str) -> None:
     short = {int(c): int(n) for c, n in zip(classes, counts) if n < shots}
     if short:
         fewest = min(short.values())
+        example = [k for k in (1, 2, 5, 10) if k <= fewest] or [fewest]
         raise ConfigError(f"bad value for eval.lowshot_shots: {cfg.eval.lowshot_shots}; {shots}-shot splits need "
                           f"{shots} labelled images of every class, but {len(short)} class(es) of the labelled "
                           f"{split} split have fewer (class: count {dict(list(short.items())[:5])}); use shots of "
-                          f"at most {fewest}, e.g. eval.lowshot_shots={[k for k in (1, 2, 5, 10) if k <= fewest] or [fewest]}")
+                          f"at most {fewest}, e.g. eval.lowshot_shots={example}")
 
 
 def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True,

@@ -40,7 +40,8 @@ class ExtreMAConfig:
     projector: Widths = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
     predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
     head_norm: Literal["layer", "batch"] = "layer"  # the paper's LayerNorm (BN-free), or BYOL's BatchNorm
-    mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.8")] = 0.8  # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
+    # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
+    mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.8")] = 0.8
     num_masks: PositiveInt = 2  # masks per image sharing one teacher pass (ablations 2; main model 5 at 0.8)
     disjoint: bool = True  # "without replacement": the masks' visible sets do not overlap (code default)
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys

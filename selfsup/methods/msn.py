@@ -37,7 +37,8 @@ class MSNConfig:
     # on the targets; 0 = off (Tab. 11: then raise memax_weight, e.g. 5)
     sinkhorn_iterations: Annotated[int, Range(ge=0, le=1000, example="3 (0 = off)")] = 3
     memax_weight: NonNegative = 1.0  # lambda of ME-MAX
-    label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0  # of the prototype labels (authors' code; 0 in their configs)
+    # of the prototype labels (authors' code; 0 in their configs)
+    label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0
     # fraction of patches dropped from masked anchors (ViT-S 0.15, B 0.3, L 0.7)
     mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.15")] = 0.15
     # views after the target that are randomly masked; the rest are focal views

@@ -40,7 +40,8 @@ class NNCLRConfig:
     temperature: Temperature = 0.1  # NNCLR 0.1; MAE-CT 0.15 (B) / 0.2 (L) / 0.3 (H)
     topk: PositiveInt = 1  # 1: the nearest neighbour (NNCLR, MAE-CT stage 2); MAE-CT's CT draws among the 10-30 nearest
     projector_momentum: Momentum | None = None  # null: the NN path uses the projector itself; MAE-CT's CT: 0.99
-    encoder_momentum: Momentum | None = None  # null: export the online encoder; MAE-CT: an EMA copy (0.9999) is the model
+    # null: export the online encoder; MAE-CT: an EMA copy (0.9999) is the model
+    encoder_momentum: Momentum | None = None
     eval_pool: Literal["cls", "mean"] | None = None  # exported ViT feature; None = model.params.pool
 
     def __post_init__(self) -> None:
