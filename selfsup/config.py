@@ -418,7 +418,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 errors.append(err)
         fitting = [e for e in errors if not getattr(e, "wrong_type", False)]
         if len(errors) == 1 or len(fitting) == 1:  # the one type the value has says what is wrong with it
-            raise fitting[0] if fitting else errors[0]
+            error = fitting[0] if fitting else errors[0]
+            if isinstance(error, _BadValue) and error.path == path and type(None) in args:
+                raise _BadValue(path, value, f"{error.allowed}, or null", error.wrong_type)
+            raise error
         if all(isinstance(e, _BadValue) and e.path == path for e in errors):  # one message: what each type allows
             allowed = "; or ".join(e.allowed for e in errors) + (", or null" if type(None) in args else "")
             raise _BadValue(path, value, allowed)

@@ -106,7 +106,7 @@ def argv_for(entry: str, key: str, value: str, workdir: Path) -> list[str]:
 ENTRIES = ["pretrain", "resume", "bench", "eval"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entry=st.sampled_from(ENTRIES), key=st.sampled_from(KEYS),
        value=st.one_of(st.sampled_from(GARBAGE), st.integers().map(str), st.floats().map(repr),
                        st.text(max_size=6), st.lists(st.integers(-3, 3), max_size=3).map(str)))
@@ -125,7 +125,7 @@ def eval_kind(key: str) -> str:
     return "knn"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(KEYS), value=st.sampled_from(GARBAGE))
 def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None:
     """No stubs: a few drawn values go through a real run (2 steps, online kNN and collapse monitors every step) or a

@@ -11,6 +11,7 @@ from selfsup.config import ConfigError, Momentum, Range
 
 # The fields of an EMA teacher, shared by BYOL, MSN and ExtreMA (their ranges are checked on load, with the others).
 EMAMomentum = Momentum
+EMAMomentumEnd = Annotated[float, Range(ge=0, le=1, example="1")]  # null (None) holds the starting momentum
 MomentumHorizon = Annotated[float, Range(gt=0, le=1, example="0.05 (a fraction of the run), or null to use "
                                                             "method.momentum")]
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from selfsup.config import ConfigError, Widths, check_fields
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import EMAMomentum, MomentumHorizon, StepOutput, check_num_views
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
@@ -20,7 +20,7 @@ class BYOLConfig:
     projector: Widths = field(default_factory=lambda: [4096, 256])
     predictor: Widths = field(default_factory=lambda: [4096, 256])
     momentum: EMAMomentum = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
-    momentum_end: EMAMomentum | None = 1.0  # None: hold the starting momentum
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:

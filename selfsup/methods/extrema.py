@@ -28,7 +28,7 @@ from torch import nn
 from selfsup.config import ConfigError, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import EMAMomentum, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
 from selfsup.models.heads import mlp
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -47,7 +47,7 @@ class ExtreMAConfig:
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
     temperature: Temperature = 0.2  # InfoNCE only
     momentum: EMAMomentum = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
-    momentum_end: EMAMomentum | None = 1.0  # None: hold the starting momentum
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
     # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)

@@ -20,7 +20,7 @@ from torch import nn
 from selfsup.config import ConfigError, NonNegative, Range, Temperature, Width, Widths, check_fields
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import EMAMomentum, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -46,7 +46,7 @@ class MSNConfig:
     shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
     momentum: EMAMomentum = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
     momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
-    momentum_end: EMAMomentum | None = 1.0  # None: hold the starting momentum
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
     momentum_stretch: Annotated[float, Range(ge=1, le=100, example="1.25 (the authors' code)")] = 1.0
     # exported feature: [CLS] before the final norm (code), after it, or the mean patch token (small ViTs, laptop preset)
