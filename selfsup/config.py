@@ -367,9 +367,15 @@ def check_method_sections(cfg: Config) -> None:
     fields declare their ranges as this module's do); also checks the stages themselves."""
     from selfsup.methods import method_config  # the methods import this module
 
-    method_config(cfg.method)
-    for stage in stage_configs(cfg):
-        method_config(stage.cfg.method)
+    for c in [cfg, *(stage.cfg for stage in stage_configs(cfg))]:
+        _, method_cfg = method_config(c.method)
+        # Views per image the method's step takes (its config's VIEWS = (least, most or None)), known up front.
+        least, most = getattr(type(method_cfg), "VIEWS", (1, None))
+        made = sum(v.num for v in c.views)
+        if made < least or (most is not None and made > most):
+            need = f"{least}" if least == most else f"at least {least}" if most is None else f"{least} to {most}"
+            raise ConfigError(f"method {c.method['name']} needs {need} views per image but the config makes {made} "
+                              f"(the sum of views.*.num); e.g. one view spec with views.0.num={least}")
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:

@@ -72,10 +72,12 @@ def cli(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def assert_clean(code: int, err: str, argv: list[str]) -> None:
+def assert_clean(code: int, err: str, argv: list[str], diverged_ok: bool = False) -> None:
+    """Exit 0 with no error line, or 2 (1: training diverged, where allowed) with exactly one; never a traceback."""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert "Traceback" not in err, (argv, err)
-    assert (code, len(errors)) in ((0, 0), (2, 1)), (argv, code, err)
+    allowed = ((0, 0), (2, 1), (1, 1)) if diverged_ok else ((0, 0), (2, 1))
+    assert (code, len(errors)) in allowed, (argv, code, err)
 
 
 @contextlib.contextmanager
@@ -117,28 +119,25 @@ def test_any_value_of_any_key_exits_0_or_2_with_one_error_line(workdir, monkeypa
     assert_clean(code, err, argv)
 
 
-def eval_kind(key: str) -> str:
-    """The cheapest evaluation that reads ``key`` (eval.knn_k: knn, eval.finetune_lr: finetune...)."""
-    for kind in ("knn", "linear", "lowshot", "cluster", "finetune"):
-        if key.startswith(f"eval.{kind}"):
-            return kind
-    return "knn"
+# The real runs draw no huge values: an accepted trainer.max_steps=10**12 would train for ever (the stubbed tests
+# above draw those).
+SMALL = ["0", "-1", "1", "2", "0.5", "-0.5", "1e-12", ".nan", ".inf", "abc", "''", "[]", "[0]", "[1, 2]", "{}", "true",
+         "null", "all", "auto"]
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.sampled_from(KEYS), value=st.sampled_from(GARBAGE))
+@settings(max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from([k for k in KEYS if not k.startswith("eval.")]), value=st.sampled_from(SMALL))
 def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None:
-    """No stubs: a few drawn values go through a real run (2 steps, online kNN and collapse monitors every step) or a
-    real evaluation; what the checks accept must then run, and what fails must fail as exit 2 with one line."""
+    """No stubs: a few drawn values go through a real run (2 steps, online kNN and collapse monitors every step);
+    what the checks accept must then run, and what fails must fail as exit 2 with one line (eval.* keys: the
+    evaluation tests below, whose accepted values run for minutes: eval.finetune_batch_size=1). A value
+    in range can still make training diverge (method.lambd=1e300): that is exit 1 with one line, never a traceback."""
     out = tmp_path_factory.mktemp("real")
-    if key.startswith("eval."):
-        argv = ["eval", eval_kind(key), str(workdir / "run"), f"{key}={value}", "eval.finetune_epochs=1"]
-    else:
-        argv = [*argv_for("pretrain", key, value, workdir)[:2], f"trainer.out={out}", "trainer.max_steps=2",
-                "monitor.knn_every_steps=1", "monitor.knn_train_size=200", "monitor.knn_test_size=100",
-                "monitor.collapse_every_steps=1", *argv_for("pretrain", key, value, workdir)[3:]]
+    argv = [*argv_for("pretrain", key, value, workdir)[:2], f"trainer.out={out}", "trainer.max_steps=2",
+            "monitor.knn_every_steps=1", "monitor.knn_train_size=200", "monitor.knn_test_size=100",
+            "monitor.collapse_every_steps=1", *argv_for("pretrain", key, value, workdir)[3:]]
     code, err = cli(argv)
-    assert_clean(code, err, argv)
+    assert_clean(code, err, argv, diverged_ok=True)
 
 
 def test_every_key_with_every_boundary_value(workdir, monkeypatch) -> None:
@@ -238,3 +237,11 @@ def test_a_subprocess_sample_never_prints_a_traceback(workdir, tmp_path, overrid
                            f"trainer.out={tmp_path / 'run'}", override], capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stderr and proc.returncode == code, proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == (code == 2)
+
+
+def test_too_few_views_for_the_method_are_refused_on_load(workdir, tmp_path) -> None:
+    """Found by test_accepted_values_also_run: views.0.num=1 for VICReg was a traceback at the first step."""
+    argv = ["pretrain", str(workdir / "run.yaml"), f"trainer.out={tmp_path / 'run'}", "views.0.num=1"]
+    code, err = cli(argv)
+    assert_clean(code, err, argv)
+    assert code == 2 and "method vicreg needs at least 2 views per image but the config makes 1" in err

@@ -9,7 +9,7 @@ selects that paper's small projector and ``lambd: auto`` its tuned beta(p, M)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from selfsup.methods.small_projectors import barlow_twins_beta, build_projector,
 
 @dataclass
 class BarlowTwinsConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
     projector: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])
     # Off-diagonal weight, Ghosh et al.'s beta (the authors' code: 0.0051; the paper says 5e-3);

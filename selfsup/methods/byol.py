@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 @dataclass
 class BYOLConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [4096, 256])
     predictor: Widths = field(default_factory=lambda: [4096, 256])
     momentum: EMAMomentum = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)

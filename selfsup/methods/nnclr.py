@@ -17,7 +17,7 @@ stage 3), ``encoder_momentum`` (the EMA encoder is the final model) and ``projec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from selfsup.train.queue import FeatureQueue
 
 @dataclass
 class NNCLRConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # 3 layers, last BN without ReLU
     predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 layers, no BN after the last
     # NNCLR's support set; MAE-CT 65,536; a multiple of the global batch

@@ -9,7 +9,7 @@ that paper's small projector and ``sim_weight: auto`` its tuned lambda = mu for 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from selfsup.methods.small_projectors import build_projector, output_width, vicr
 
 @dataclass
 class VICRegConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
     expander: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])
     sim_weight: NonNegative | Literal["auto"] = 25.0  # lambda; "auto": Ghosh et al.'s tuned lambda = mu for the width p
