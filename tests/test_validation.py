@@ -215,8 +215,8 @@ def test_method_configs_declare_ranges_on_every_numeric_field() -> None:
         return tp in (int, float) or any(numeric(a) for a in typing.get_args(tp))
 
     classes = [*SECTIONS.values(), *(cls.Config for cls in METHODS.values())]
-    unranged = [f"{cls.__name__}.{name}" for cls in classes
-                for name, tp in typing.get_type_hints(cls, include_extras=True).items() if numeric(tp) and not has_rule(tp)]
+    unranged = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
+                if numeric(tp := typing.get_type_hints(cls, include_extras=True)[f.name]) and not has_rule(tp)]
     assert unranged == []
 
 
