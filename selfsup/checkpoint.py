@@ -107,6 +107,20 @@ def export_backbone(run_dir: Path, backbone: nn.Module, meta: dict[str, Any]) ->
     atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
 
 
+def no_backbone(run_dir: Path) -> CheckpointError:
+    """The error for a folder without an exported backbone, with a fix that works for what the folder is: a run
+    directory (its config.yaml) is finished by resuming it; any other folder is not a run."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return CheckpointError(f"{run_dir} does not exist; pass a run directory (the trainer.out of a "
+                               f"`selfsup pretrain` run)")
+    if (run_dir / "config.yaml").is_file():
+        return CheckpointError(f"{run_dir} has no exported backbone (backbone.json + backbone.safetensors) yet; "
+                               f"finish or resume the run with `selfsup pretrain {run_dir}`")
+    return CheckpointError(f"{run_dir} is not a run directory (no backbone.json, backbone.safetensors or "
+                           f"config.yaml); pass the trainer.out of a `selfsup pretrain` run, e.g. runs/quickstart")
+
+
 def load_backbone(run_dir: Path, random_init: bool = False,
                   extra_params: dict[str, Any] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the exported backbone of a run (or, with ``random_init``, the same architecture untrained).
@@ -116,8 +130,7 @@ def load_backbone(run_dir: Path, random_init: bool = False,
     run_dir = Path(run_dir)
     meta_path, weights_path = run_dir / "backbone.json", run_dir / "backbone.safetensors"
     if not meta_path.is_file() or not weights_path.is_file():
-        raise CheckpointError(f"{run_dir} has no exported backbone (backbone.json + backbone.safetensors); "
-                              f"finish or resume the run with `selfsup pretrain {run_dir}`")
+        raise no_backbone(run_dir)
     meta = read_backbone_meta(run_dir)
     torch.manual_seed(meta.get("seed", 0))
     try:
@@ -150,8 +163,7 @@ def read_backbone_meta(run_dir: Path) -> dict[str, Any]:
     """``backbone.json`` of a run, checked: a malformed file is a :class:`CheckpointError` naming the problem."""
     path = Path(run_dir) / "backbone.json"
     if not path.is_file():
-        raise CheckpointError(f"{run_dir} has no exported backbone (backbone.json + backbone.safetensors); "
-                              f"finish or resume the run with `selfsup pretrain {run_dir}`")
+        raise no_backbone(run_dir)
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -13,12 +13,14 @@ paths) to compose presets; later files and overrides win, mappings merge key by 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -27,22 +29,86 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names it and what is allowed."""
 
 
+# ----------------------------------------------------------------------------------------------
+# Allowed values, declared with each field's type and enforced by one validator (:func:`from_dict`)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field allows, declared where the field is: ``lr: Annotated[float, Range(gt=0)]``.
+
+    :func:`from_dict` checks every field's range when a config is loaded or coerced (``load_config``: pretrain,
+    resume, bench; ``run_config``: eval; ``method_config``: the method sections), so a bad value fails with a
+    message naming the key and the range before any work. Floats must also be finite (nan and inf never pass).
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    example: str = ""  # shown after the range, e.g. "0.001"
+
+    def allows(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self, kind: str = "a number") -> str:
+        """E.g. ``"a number in (0, 1), e.g. 0.1"`` (``kind``: "a number" or "an integer")."""
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+        low = f"[{num(self.ge)}" if self.ge is not None else f"({num(self.gt)}" if self.gt is not None else None
+        high = f"{num(self.le)}]" if self.le is not None else f"{num(self.lt)})" if self.lt is not None else None
+        if low and high:
+            text = f"{kind} in {low}, {high}"
+        elif low:
+            text = f"{kind} {'>=' if self.ge is not None else '>'} {low[1:]}"
+        elif high:
+            text = f"{kind} {'<=' if self.le is not None else '<'} {high[:-1]}"
+        else:
+            text = f"{kind} (finite)"
+        return text + (f", e.g. {self.example}" if self.example else "")
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    """A list field that needs at least one element: ``Annotated[list[int], NonEmpty()]``."""
+
+
+# The common ranges, by name. Fields with another range, or an example in the message, spell out their Range.
+PositiveInt = Annotated[int, Range(ge=1)]
+NonNegativeInt = Annotated[int, Range(ge=0)]
+Positive = Annotated[float, Range(gt=0)]
+NonNegative = Annotated[float, Range(ge=0)]
+Probability = Annotated[float, Range(ge=0, le=1)]
+Seed = Annotated[int, Range(ge=0, le=2**31 - 1)]
+Width = Annotated[int, Range(ge=1, le=2**20)]  # a layer width or embedding size (sized for memory)
+Widths = Annotated[list[Width], NonEmpty()]
+Momentum = Annotated[float, Range(ge=0, le=1, example="0.996")]
+Temperature = Annotated[float, Range(gt=0, example="0.1")]
+
+
 @dataclass
 class DataConfig:
     dataset: str = "fashion_mnist"
     root: str | None = None
     train_split: str = "train"
     eval_split: str = "test"
-    image_size: int | None = None  # None keeps the stored size
-    channels: int | None = None  # None keeps the stored channels
-    fraction: float = 1.0  # seeded subset of the pretraining split
-    fraction_seed: int = 0
-    mean: list[float] | None = None  # per-channel normalisation; None = measured on the data
-    std: list[float] | None = None
+    image_size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None keeps the stored size
+    channels: Literal[1, 3] | None = None  # None keeps the stored channels
+    fraction: Annotated[float, Range(gt=0, le=1)] = 1.0  # seeded subset of the pretraining split
+    fraction_seed: Seed = 0
+    mean: Annotated[list[float], NonEmpty()] | None = None  # per-channel normalisation; None = measured on the data
+    std: Annotated[list[Positive], NonEmpty()] | None = None
     # Image folders and shards: decode them into memory (false), or stream them from the files with the crops
     # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
     stream: bool | Literal["auto"] = "auto"
-    num_workers: int | None = None  # streaming loader processes; null = one per CPU core, at most 8
+    # streaming loader processes; null = one per CPU core, at most 8
+    num_workers: Annotated[int, Range(ge=0, le=256)] | None = None
+    # Shards whose tar holds fewer samples than index.json lists (a copy cut short) are an error naming the shard
+    # (null or false); true reads what is there and warns with the number of samples lost. (null, not false, is
+    # the default so that runs saved before this key existed still resume: their config has no such key.)
+    allow_incomplete_shards: bool | None = None
 
 
 @dataclass
@@ -50,8 +116,8 @@ class ViewConfig:
     """``num`` crops made with one augmentation preset (plus overrides) at ``size`` pixels."""
 
     preset: str = "simclr"
-    num: int = 1
-    size: int | None = None  # None = data.image_size (or the stored size)
+    num: Annotated[int, Range(ge=1, le=256)] = 1
+    size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None = data.image_size (or the stored size)
     params: dict[str, Any] = field(default_factory=dict)
     # The crop and flip drawn once per image and shared by the num views, which differ in colour only
     # (ExtreMA's "shared crop + colour", Wu et al. Sec. 5.1).
@@ -65,100 +131,120 @@ class ModelConfig:
     # Frozen part of the trained encoder: k = the stem and the first k ViT blocks (MAE-CT's contrastive tuning
     # freezes the lower half); all = every encoder parameter (MAE-CT's head initialisation). No gradients, no
     # optimiser state, frozen blocks in eval mode.
-    freeze: int | Literal["all"] | None = None
+    freeze: NonNegativeInt | Literal["all"] | None = None
 
 
 @dataclass
 class OptimConfig:
     name: Literal["adamw", "adam", "sgd", "lars"] = "adamw"
-    lr: float = 1e-3  # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
+    lr: Annotated[float, Range(gt=0, example="0.001")] = 1e-3
     lr_scaling: Literal["none", "linear"] = "none"
-    min_lr: float = 0.0
-    warmup_epochs: float = 0.0
-    warmup_fraction: float | None = None  # warm-up as a fraction of the run's steps (instead of warmup_epochs)
+    min_lr: NonNegative = 0.0
+    warmup_epochs: NonNegative = 0.0
+    # warm-up as a fraction of the run's steps (instead of warmup_epochs)
+    warmup_fraction: Annotated[float, Range(ge=0, lt=1, example="0.05")] | None = None
     schedule: Literal["cosine", "constant"] = "cosine"
-    weight_decay: float = 1e-6
-    weight_decay_end: float | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
-    schedule_stretch: float = 1.0  # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    momentum: float = 0.9  # SGD and LARS
-    lars_eta: float = 0.02
-    clip_grad: float | None = None
+    weight_decay: NonNegative = 1e-6
+    weight_decay_end: NonNegative | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
+    # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
+    schedule_stretch: Annotated[float, Range(ge=1, example="1.25 (MSN's code)")] = 1.0
+    betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    momentum: Probability = 0.9  # SGD and LARS
+    lars_eta: Positive = 0.02
+    clip_grad: Positive | None = None
     # Layer-wise lr decay (BEiT; MAE-CT 0.65): encoder block i of L gets lr * decay^(L - i) (0-indexed), the
     # stem decay^(L + 1), what follows the blocks (final norm) and the heads lr. 1 = off.
-    layer_decay: float = 1.0
-    head_lr: float | None = None  # lr of the parameters outside the encoder (heads); null = optim.lr
-    head_weight_decay: float | None = None  # their weight decay (MAE-CT 1e-5 against 0.05); null = optim.weight_decay
+    layer_decay: Annotated[float, Range(gt=0, le=1, example="0.65")] = 1.0
+    head_lr: Positive | None = None  # lr of the parameters outside the encoder (heads); null = optim.lr
+    head_weight_decay: NonNegative | None = None  # their weight decay (MAE-CT 1e-5 against 0.05); null = optim.weight_decay
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ConfigError(f"bad value for optim.betas: {self.betas!r}; use two numbers in [0, 1), e.g. [0.9, 0.999]")
+        if self.warmup_fraction is not None and self.warmup_epochs:
+            raise ConfigError("optim.warmup_fraction and optim.warmup_epochs are both set; keep one of them "
+                              "(warmup_epochs=0 to use the fraction)")
 
 
 @dataclass
 class TrainerConfig:
     out: str = "runs/default"
-    epochs: float = 10.0
-    max_steps: int | None = None  # overrides epochs when set
-    batch_size: int = 256  # global batch (images); each process gets batch_size / world_size
+    epochs: NonNegative = 10.0
+    max_steps: NonNegativeInt | None = None  # overrides epochs when set; 0 exports the initial backbone
+    # global batch (images); each process gets batch_size / world_size
+    batch_size: Annotated[int, Range(ge=2, example="256")] = 256
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
-    devices: int = 1
-    num_nodes: int = 1
+    devices: Annotated[int, Range(ge=1, le=1024)] = 1
+    num_nodes: Annotated[int, Range(ge=1, le=65536)] = 1
     strategy: Literal["auto", "ddp", "ddp_spawn"] = "auto"
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
     channels_last: bool = True  # NHWC memory format: 2-4x faster convolutions on CPU (oneDNN)
-    seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch default
-    log_every_steps: int = 20
-    checkpoint_every_steps: int = 200
-    export_every_steps: int = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
+    seed: Seed = 0
+    # torch intra-op threads on CPU; None = torch default
+    num_threads: Annotated[int, Range(ge=1, le=1024)] | None = None
+    log_every_steps: PositiveInt = 20
+    checkpoint_every_steps: PositiveInt = 200
+    export_every_steps: NonNegativeInt = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size % (self.devices * self.num_nodes):
+            raise ConfigError(f"bad value for trainer.batch_size: {self.batch_size}; the global batch must be divisible "
+                              f"by the {self.devices * self.num_nodes} processes (trainer.devices x trainer.num_nodes)")
+        if self.max_steps is None and not self.epochs > 0:
+            raise ConfigError(f"bad value for trainer.epochs: {self.epochs}; use a positive number (or set "
+                              f"trainer.max_steps)")
 
 
 @dataclass
 class MonitorConfig:
-    knn_every_steps: int = 0  # 0 disables the online kNN monitor
-    knn_train_size: int = 5000
-    knn_test_size: int = 1000
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    collapse_every_steps: int = 100  # per-dimension std and effective rank of the embeddings
+    knn_every_steps: NonNegativeInt = 0  # 0 disables the online kNN monitor
+    knn_train_size: PositiveInt = 5000
+    knn_test_size: PositiveInt = 1000
+    knn_k: PositiveInt = 20
+    knn_temperature: Temperature = 0.07
+    collapse_every_steps: NonNegativeInt = 100  # per-dimension std and effective rank of the embeddings
 
 
 @dataclass
 class EvalConfig:
-    batch_size: int = 512
-    knn_k: int = 20
-    knn_temperature: float = 0.07
-    linear_epochs: int = 30
-    linear_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
-    linear_weight_decays: list[float] = field(default_factory=lambda: [0.0, 1e-4])
+    batch_size: PositiveInt = 512
+    knn_k: PositiveInt = 20
+    knn_temperature: Temperature = 0.07
+    linear_epochs: PositiveInt = 30
+    linear_lrs: Annotated[list[Positive], NonEmpty()] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
+    linear_weight_decays: Annotated[list[NonNegative], NonEmpty()] = field(default_factory=lambda: [0.0, 1e-4])
     # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).
-    linear_views: int = 1
-    linear_label_smoothing: float = 0.0  # Ghosh et al. 2024's probe: 0.1
-    lowshot_shots: list[int] = field(default_factory=lambda: [1, 2, 5, 10])
-    lowshot_percents: list[float] = field(default_factory=lambda: [1.0])
-    lowshot_splits: int = 3
-    cluster_n_init: int = 3
+    linear_views: Annotated[int, Range(ge=1, le=1024)] = 1
+    linear_label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0  # Ghosh et al. 2024's probe: 0.1
+    lowshot_shots: list[PositiveInt] = field(default_factory=lambda: [1, 2, 5, 10])
+    lowshot_percents: list[Annotated[float, Range(gt=0, le=100, example="1.0 (1 %)")]] = field(default_factory=lambda: [1.0])
+    lowshot_splits: PositiveInt = 3
+    cluster_n_init: PositiveInt = 3
     # Fine-tuning (selfsup eval finetune): AdamW, warm-up (a fraction of the steps) + cosine, layer-wise lr decay,
     # label smoothing, drop path (ViTs), the run's views.0 augmentation; on all the labels, a fraction of each class
     # (MAE / ExtreMA: 0.01, 0.1) or a number per class.
-    finetune_epochs: int = 10
-    finetune_batch_size: int = 128
-    finetune_lr: float = 1.0e-3
-    finetune_layer_decay: float = 0.65
-    finetune_weight_decay: float = 0.05
-    finetune_warmup: float = 0.1
-    finetune_label_smoothing: float = 0.1
-    finetune_drop_path: float = 0.1
-    finetune_fraction: float = 1.0
-    finetune_per_class: int | None = None
-    seed: int = 0
+    finetune_epochs: PositiveInt = 10
+    finetune_batch_size: PositiveInt = 128
+    finetune_lr: Positive = 1.0e-3
+    finetune_layer_decay: Annotated[float, Range(gt=0, le=1, example="0.65")] = 0.65
+    finetune_weight_decay: NonNegative = 0.05
+    finetune_warmup: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_drop_path: Annotated[float, Range(ge=0, lt=1)] = 0.1
+    finetune_fraction: Annotated[float, Range(gt=0, le=1)] = 1.0
+    finetune_per_class: PositiveInt | None = None
+    seed: Seed = 0
     # Model selection without the test set: hold out this class-stratified, seeded fraction of the labelled
     # training split and evaluate on it instead of data.eval_split (the rest is the labelled training set).
-    holdout: float | None = None
+    holdout: Annotated[float, Range(gt=0, lt=1, example="0.1, or null to evaluate on data.eval_split")] | None = None
 
     def __post_init__(self) -> None:
-        if self.holdout is not None and not 0.0 < self.holdout < 1.0:
-            raise ConfigError(f"bad value for eval.holdout: {self.holdout!r}; use a fraction in (0, 1), e.g. 0.1, "
-                              f"or null to evaluate on data.eval_split")
+        if not self.lowshot_shots and not self.lowshot_percents:
+            raise ConfigError("eval.lowshot_shots and eval.lowshot_percents are both empty; give at least one, "
+                              "e.g. eval.lowshot_shots=[1,2,5]")
 
 
 @dataclass
@@ -178,17 +264,36 @@ class Config:
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A config dataclass's field types with their ranges (``Annotated`` kept)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def check_fields(obj: Any, prefix: str) -> None:
+    """Check each field of the flat config dataclass ``obj`` against its declared type and range, as
+    :func:`from_dict` does on load; call it from ``__post_init__`` so a config built in Python is checked too
+    (``MSNConfig(momentum=2)``)."""
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        _coerce(hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Loading, merging, overrides
+
+
+# libyaml's parser where PyYAML was built with it (same safe constructors, ~10x faster on a resolved config.yaml).
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config, resolving ``_base_`` presets recursively (relative to the file)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/vicreg.yaml)")
+        raise ConfigError(f"config file not found: {path} (pass the path to a YAML file, e.g. configs/fashion_mnist/quickstart.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
     if not isinstance(raw, dict):
@@ -252,14 +357,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 raise ConfigError(f"views.{index} must be overridden key by key, e.g. views.{index}.num=2")
             views[index] = deep_merge(views[index], update)
         tree["views"] = views
-    return from_dict(Config, deep_merge(raw, tree))
+    cfg = from_dict(Config, deep_merge(raw, tree))
+    check_method_sections(cfg)
+    return cfg
+
+
+def check_method_sections(cfg: Config) -> None:
+    """The ``method`` section of the config and of every stage, against the method's own config dataclass (whose
+    fields declare their ranges as this module's do); also checks the stages themselves."""
+    from selfsup.methods import method_config  # the methods import this module
+
+    for c in [cfg, *(stage.cfg for stage in stage_configs(cfg))]:
+        _, method_cfg = method_config(c.method)
+        # Views per image the method's step takes (its config's VIEWS = (least, most or None)), known up front.
+        least, most = getattr(type(method_cfg), "VIEWS", (1, None))
+        made = sum(v.num for v in c.views)
+        if made < least or (most is not None and made > most):
+            need = f"{least}" if least == most else f"at least {least}" if most is None else f"{least} to {most}"
+            raise ConfigError(f"method {c.method['name']} needs {need} views per image but the config makes {made} "
+                              f"(the sum of views.*.num); e.g. one view spec with views.0.num={least}")
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, checking keys and value types recursively."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -270,9 +393,26 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+class _BadValue(ConfigError):
+    """A value of the wrong type or out of range; ``allowed`` says what the field takes."""
+
+    def __init__(self, path: str, value: Any, allowed: str, wrong_type: bool = False) -> None:
+        super().__init__(f"bad value for {path}: {value!r}; {allowed}")
+        self.path, self.allowed, self.wrong_type = path, allowed, wrong_type
+
+
 def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """``value`` as type ``tp`` (dataclasses recursively), checking each declared :class:`Range` / :class:`NonEmpty`."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:
+        value = _coerce(args[0], value, path)
+        for rule in args[1:]:
+            if isinstance(rule, Range) and not rule.allows(value):
+                raise _BadValue(path, value, f"use {rule.describe('an integer' if args[0] is int else 'a number')}")
+            if isinstance(rule, NonEmpty) and not value:
+                raise _BadValue(path, value, "use a list of at least one element")
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -281,11 +421,20 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             try:
                 return _coerce(arg, value, path)
             except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"bad value for {path}: {value!r} ({'; '.join(errors)})")
+                errors.append(err)
+        fitting = [e for e in errors if not getattr(e, "wrong_type", False)]
+        if len(errors) == 1 or len(fitting) == 1:  # the one type the value has says what is wrong with it
+            error = fitting[0] if fitting else errors[0]
+            if isinstance(error, _BadValue) and error.path == path and type(None) in args:
+                raise _BadValue(path, value, f"{error.allowed}, or null", error.wrong_type)
+            raise error
+        if all(isinstance(e, _BadValue) and e.path == path for e in errors):  # one message: what each type allows
+            allowed = "; or ".join(e.allowed for e in errors) + (", or null" if type(None) in args else "")
+            raise _BadValue(path, value, allowed)
+        raise ConfigError(f"bad value for {path}: {value!r} ({'; '.join(map(str, errors))})")
     if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"bad value for {path}: {value!r}; allowed values: {', '.join(map(str, args))}")
+        if not any(value == a and type(value) is type(a) for a in args):  # True is not 1, 1.0 is not 1
+            raise _BadValue(path, value, f"allowed values: {', '.join(map(str, args))}", wrong_type=True)
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, prefix=f"{path}.")
@@ -293,23 +442,29 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):
-            raise ConfigError(f"bad value for {path}: expected a list, got {value!r}")
+            raise _BadValue(path, value, "use a list, e.g. [1, 2]", wrong_type=True)
         return [_coerce(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"bad value for {path}: expected a mapping, got {value!r}")
+            raise _BadValue(path, value, "use a mapping, e.g. {key: value}", wrong_type=True)
         return dict(value)
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond float's range
+            raise _BadValue(path, value, "use a finite number") from None
     if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             pass
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        raise ConfigError(f"bad value for {path}: expected {tp.__name__}, got {value!r}")
+        kinds = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+        raise _BadValue(path, value, f"use {kinds.get(tp, tp.__name__)}", wrong_type=True)
+    if tp is float and not math.isfinite(value):
+        raise _BadValue(path, value, "use a finite number")
     return value
 
 

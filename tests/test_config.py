@@ -34,8 +34,7 @@ trainer: {epochs: 2, batch_size: 64}
 method: {name: byol, momentum: 0.99}
 views:
   - {preset: simclr, num: 1}
-  - {preset: simclr, num: 1}
-  - {preset: simclr, num: 6, size: 12}
+  - {preset: simclr, num: 1, size: 12}
 """)
     _write(tmp_path / "presets" / "data.yaml", "data: {dataset: cifar10, image_size: 32}\n")
     child = _write(tmp_path / "run.yaml", """
@@ -59,12 +58,12 @@ views:
 
 
 def test_overrides() -> None:
-    cfg = load_config(overrides=["optim.lr=0.1", "views.0.num=4", "trainer.devices=2", "method.name=byol",
+    cfg = load_config(overrides=["optim.lr=0.1", "views.0.num=4", "trainer.devices=2", "method.name=vicreg",
                                  "data.mean=[0.5]", "trainer.max_steps=null"])
     assert cfg.optim.lr == 0.1 and isinstance(cfg.optim.lr, float)
     assert [v.num for v in cfg.views] == [4, 1]
     assert cfg.trainer.devices == 2
-    assert cfg.method["name"] == "byol"
+    assert cfg.method["name"] == "vicreg"
     assert cfg.data.mean == [0.5] and cfg.trainer.max_steps is None
 
 

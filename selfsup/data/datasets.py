@@ -68,12 +68,14 @@ def default_root(name: str) -> str | None:
     return system
 
 
-def open_images(name: str, split: str = "train", root: str | None = None) -> ImageSource:
+def open_images(name: str, split: str = "train", root: str | None = None,
+                allow_incomplete_shards: bool = False) -> ImageSource:
     """A split of an image folder or a shard folder, listed but not decoded.
 
     ``root/<split>`` is used when it exists; "train" falls back to ``root`` itself. A folder's other
     splits are labelled with the training split's class folders (by name), so labels agree across
-    splits; ``selfsup shard`` writes those labels into the shards.
+    splits; ``selfsup shard`` writes those labels into the shards. ``allow_incomplete_shards``: read shards that
+    hold fewer samples than their index lists, with a warning (otherwise an error).
     """
     _check_name(name)
     if name not in STREAMABLE:
@@ -82,7 +84,7 @@ def open_images(name: str, split: str = "train", root: str | None = None) -> Ima
     base = _require_root(name, root)
     folder = split_dir(base, split, name)
     if name == "shards":
-        return shard_source(folder)
+        return shard_source(folder, allow_incomplete=allow_incomplete_shards)
     return folder_source(folder, reference_classes(base, split))
 
 
@@ -95,6 +97,7 @@ def load_dataset(
     fraction: float = 1.0,
     seed: int = 0,
     progress: bool = True,
+    allow_incomplete_shards: bool = False,
 ) -> ImageData:
     """Load a dataset split into memory as uint8 (N, C, H, W).
 
@@ -110,6 +113,7 @@ def load_dataset(
     fraction: keep a seeded random subset of round(fraction * N) images (at least one).
     seed: seed of that subset.
     progress: show a progress bar while decoding image files.
+    allow_incomplete_shards: shards with fewer samples than their index lists are read (with a warning), not refused.
     """
     _check_name(name)
     if not (isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0):
@@ -131,7 +135,7 @@ def load_dataset(
     elif name == "stl10":
         data = stl10.load_stl10(split, _resolve_root(name, root), select)
     elif name in STREAMABLE:
-        source = open_images(name, split, root)
+        source = open_images(name, split, root, allow_incomplete_shards)
         data = decode_all(source, image_size, channels or 3, select(len(source)), progress)
     elif name == "tensors":
         data = tensors.load_tensors(tensors.split_file(_require_root(name, root), split), select)

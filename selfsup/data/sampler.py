@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from selfsup.config import ConfigError
+
 
 class StepSampler:
     """Epoch ``e`` is a permutation seeded with ``(seed, e)``; step ``s`` takes the ``s``-th global batch.
@@ -14,10 +16,13 @@ class StepSampler:
 
     def __init__(self, num_samples: int, global_batch: int, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
         if global_batch % world_size:
-            raise ValueError(f"trainer.batch_size={global_batch} must be divisible by the number of processes ({world_size})")
+            raise ConfigError(f"trainer.batch_size={global_batch} must be divisible by the number of processes "
+                              f"({world_size})")
         if num_samples < global_batch:
-            raise ValueError(f"the dataset has {num_samples} images, fewer than trainer.batch_size={global_batch}; "
-                             "lower trainer.batch_size or use more data")
+            # Known once the data is listed, before any model is built: a bad input (exit 2), not a crash.
+            raise ConfigError(f"bad value for trainer.batch_size: {global_batch}; the training split has only "
+                              f"{num_samples} images (a step needs a full batch): lower trainer.batch_size to at "
+                              f"most {num_samples}, or use more data (data.fraction, another split)")
         self.num_samples, self.global_batch, self.seed = num_samples, global_batch, seed
         self.rank, self.local_batch = rank, global_batch // world_size
         self.steps_per_epoch = num_samples // global_batch

@@ -238,7 +238,7 @@ def open_split(d: DataConfig, split: str, image_size: int | None = None, channel
         raise ConfigError(f"data.stream=true: {d.dataset} is not a dataset of image files (streamable: "
                           f"{', '.join(STREAMABLE)}); set data.stream=false or auto")
     if stream and d.dataset in STREAMABLE:
-        source = open_images(d.dataset, split, d.root)
+        source = open_images(d.dataset, split, d.root, bool(d.allow_incomplete_shards))
         if fraction < 1:
             source = SubsetSource(source, subset_indices(len(source), fraction, d.fraction_seed))
         decoded = len(source) * (channels or 3) * (image_size or 0) ** 2
@@ -252,7 +252,7 @@ def open_split(d: DataConfig, split: str, image_size: int | None = None, channel
                      f", {decoded / 2**30:.1f} GiB decoded > {STREAM_ABOVE_BYTES / 2**30:.0f} GiB", workers)
             return StreamedSplit(source, image_size, channels or 3, workers)
     data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels, fraction=fraction,
-                        seed=d.fraction_seed, progress=progress)
+                        seed=d.fraction_seed, progress=progress, allow_incomplete_shards=bool(d.allow_incomplete_shards))
     log.info("data: %s/%s in memory (%d images %dx%dx%d)", d.dataset, split, len(data), *data.images.shape[1:])
     return data
 

@@ -86,13 +86,29 @@ def first_view_augment(cfg: Config, size: int, mean: tuple | None, std: tuple | 
     return Augment(aug_cfg).to(device)
 
 
+def check_shots(cfg: Config, labels: torch.Tensor, split: str) -> None:
+    """Every class of the labelled training set (``labels``, after ``eval.holdout``) holds at least the largest of
+    ``eval.lowshot_shots`` images: checked once the labels are read, before any feature is extracted."""
+    shots = max(cfg.eval.lowshot_shots, default=0)
+    classes, counts = torch.unique(labels, return_counts=True)
+    short = {int(c): int(n) for c, n in zip(classes, counts) if n < shots}
+    if short:
+        fewest = min(short.values())
+        example = [k for k in (1, 2, 5, 10) if k <= fewest] or [fewest]
+        raise ConfigError(f"bad value for eval.lowshot_shots: {cfg.eval.lowshot_shots}; {shots}-shot splits need "
+                          f"{shots} labelled images of every class, but {len(short)} class(es) of the labelled "
+                          f"{split} split have fewer (class: count {dict(list(short.items())[:5])}); use shots of "
+                          f"at most {fewest}, e.g. eval.lowshot_shots={example}")
+
+
 def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True,
-                     views: int = 1) -> Features:
+                     views: int = 1, lowshot: bool = False) -> Features:
     """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone.
 
     ``views > 1``: each image's feature is the mean over the clean image and ``views - 1`` copies
     augmented with the run's first view spec (``views.0``: preset and overrides, at the stored
     image size), for both splits (Ghosh et al. 2024's probe; see ``extract_view_averaged_features``).
+    ``lowshot``: check ``eval.lowshot_shots`` against the labels (:func:`check_shots`) before extracting.
     """
     if isinstance(views, bool) or not isinstance(views, int) or views < 1:
         raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
@@ -111,6 +127,10 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     channels, image_size = (meta["channels"], meta["image_size"]) if meta else (d.channels, d.image_size)
     train_split, splits = labelled_splits(cfg, image_size, channels, progress)
     train = splits[0]
+    if lowshot:
+        labels = train.labels if holdout is None else \
+            train.labels[torch.from_numpy(stratified_holdout(train.labels.numpy(), holdout, cfg.eval.seed)[0])]
+        check_shots(cfg, labels, train_split)
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
     else:
@@ -223,12 +243,14 @@ def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baselin
     averaged over ``eval.linear_views`` views, the others plain features (each set computed once)."""
     features: dict[int, Features] = {}
     result: dict[str, float] = {}
+    lowshot = "lowshot" in kinds  # checked with the first features, before any work
     name = "backbone" if baseline == "none" else baseline
     for kind in kinds:
         views = cfg.eval.linear_views if kind == "linear" else 1
         if views not in features:
             log.info("features: %s%s", name, f" (mean over {views} views)" if views > 1 else "")
-            features[views] = compute_features(run_dir, cfg, baseline=baseline, progress=progress, views=views)
+            features[views] = compute_features(run_dir, cfg, baseline=baseline, progress=progress, views=views,
+                                               lowshot=lowshot and not features)
         log.info("eval %s (%s)", kind, name)
         result.update(evaluate(kind, features[views], cfg, progress=progress))
     return result

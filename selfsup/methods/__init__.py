@@ -38,7 +38,7 @@ def method_config(spec: dict[str, Any]) -> tuple[type[nn.Module], Any]:
     """Validate ``method: {name: ..., <hyper-parameters>}`` against the method's own config dataclass."""
     spec = dict(spec)
     name = spec.pop("name", None)
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise ConfigError(f"bad value for method.name: {name!r}; allowed values: {', '.join(METHODS)}")
     cls = METHODS[name]
     return cls, from_dict(cls.Config, spec, prefix="method.")

@@ -9,11 +9,12 @@ selects that paper's small projector and ``lambd: auto`` its tuned beta(p, M)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
+from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import barlow_twins_multiview_loss
 from selfsup.methods.base import StepOutput, check_min_views
 from selfsup.methods.small_projectors import barlow_twins_beta, build_projector, output_width
@@ -21,11 +22,15 @@ from selfsup.methods.small_projectors import barlow_twins_beta, build_projector,
 
 @dataclass
 class BarlowTwinsConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
-    projector: list[int] | int = field(default_factory=lambda: [8192, 8192, 8192])
+    projector: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])
     # Off-diagonal weight, Ghosh et al.'s beta (the authors' code: 0.0051; the paper says 5e-3);
     # "auto": Ghosh et al.'s tuned beta for the projector width p and the number of views M.
-    lambd: float | Literal["auto"] = 0.0051
+    lambd: NonNegative | Literal["auto"] = 0.0051
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method.")
 
 
 class BarlowTwins(nn.Module):

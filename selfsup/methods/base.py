@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, Momentum, Range
 from selfsup.data.views import ViewGroup
+
+# The fields of an EMA teacher, shared by BYOL, MSN and ExtreMA (their ranges are checked on load, with the others).
+EMAMomentum = Momentum
+EMAMomentumEnd = Annotated[float, Range(ge=0, le=1, example="1")]  # null (None) holds the starting momentum
+MomentumHorizon = Annotated[float, Range(gt=0, le=1, example="0.05 (a fraction of the run), or null to use "
+                                                            "method.momentum")]
 
 
 @dataclass
@@ -88,15 +94,3 @@ def check_values(cfg: object, checks: dict[str, bool], allowed: dict[str, str]) 
         if not ok:
             raise ConfigError(f"bad value for method.{key}: {getattr(cfg, key)!r}; use {allowed[key]}")
 
-
-def check_ema(cfg: object) -> None:
-    """An EMA method's ``momentum`` and ``momentum_end`` (in [0, 1]; the end may be None, holding the start) and
-    ``momentum_horizon`` (a fraction of the run in (0, 1], or None)."""
-    check_values(cfg, {"momentum": 0 <= cfg.momentum <= 1,
-                       "momentum_end": cfg.momentum_end is None or 0 <= cfg.momentum_end <= 1},
-                 {"momentum": "in [0, 1], e.g. 0.996",
-                  "momentum_end": "in [0, 1], or null to hold the starting momentum"})
-    horizon = cfg.momentum_horizon
-    if horizon is not None and not 0 < horizon <= 1:
-        raise ConfigError(f"bad value for method.momentum_horizon: {horizon!r}; use a fraction of the run in "
-                          f"(0, 1], e.g. 0.05, or null to use method.momentum")

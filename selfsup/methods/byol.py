@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from selfsup.config import ConfigError, Widths, check_fields
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import StepOutput, check_ema, check_num_views
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
@@ -16,14 +18,18 @@ from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 @dataclass
 class BYOLConfig:
-    projector: list[int] = field(default_factory=lambda: [4096, 256])
-    predictor: list[int] = field(default_factory=lambda: [4096, 256])
-    momentum: float = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
-    momentum_end: float | None = 1.0  # None: hold the starting momentum
-    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
+    projector: Widths = field(default_factory=lambda: [4096, 256])
+    predictor: Widths = field(default_factory=lambda: [4096, 256])
+    momentum: EMAMomentum = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
+    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:
-        check_ema(self)
+        check_fields(self, "method.")
+        if self.predictor[-1] != self.projector[-1]:
+            raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
+                              f"predicts the target's projection), got {self.predictor}")
 
 
 class BYOL(nn.Module):

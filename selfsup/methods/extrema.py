@@ -20,15 +20,15 @@ evaluate it (main_lincls.py ``--eval_momentum``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import StepOutput, check_ema, check_values
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
 from selfsup.models.heads import mlp
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -37,42 +37,27 @@ from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 @dataclass
 class ExtreMAConfig:
-    projector: list[int] = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
-    predictor: list[int] = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
+    projector: Widths = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
+    predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
     head_norm: Literal["layer", "batch"] = "layer"  # the paper's LayerNorm (BN-free), or BYOL's BatchNorm
-    mask_ratio: float = 0.8  # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
-    num_masks: int = 2  # masks per image sharing one teacher pass (ablations 2; main model 5 at 0.8)
+    # fraction of patches hidden from every student view (Tab. 1: 0.75-0.9)
+    mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.8")] = 0.8
+    num_masks: PositiveInt = 2  # masks per image sharing one teacher pass (ablations 2; main model 5 at 0.8)
     disjoint: bool = True  # "without replacement": the masks' visible sets do not overlap (code default)
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
-    temperature: float = 0.2  # InfoNCE only
-    momentum: float = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
-    momentum_end: float | None = 1.0  # None: hold the starting momentum
-    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
+    temperature: Temperature = 0.2  # InfoNCE only
+    momentum: EMAMomentum = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
+    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
     # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)
     eval_pool: Literal["cls", "mean", "cls_prenorm"] | None = None
 
     def __post_init__(self) -> None:
-        checks = {
-            "projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),
-            "predictor": len(self.predictor) >= 1 and all(d >= 1 for d in self.predictor),
-            "mask_ratio": 0 <= self.mask_ratio < 1,
-            "num_masks": self.num_masks >= 1,
-            "loss": self.loss in ("byol", "infonce"),
-            "head_norm": self.head_norm in ("layer", "batch"),
-            "eval_pool": self.eval_pool in (None, "cls", "mean", "cls_prenorm"),
-            "temperature": self.temperature > 0,
-        }
-        allowed = {"projector": "a list of positive widths, e.g. [4096, 4096, 256]",
-                   "predictor": "a list of positive widths ending at the projector's output, e.g. [4096, 256]",
-                   "mask_ratio": "in [0, 1), e.g. 0.8", "num_masks": ">= 1", "loss": "byol or infonce", "head_norm": "layer or batch",
-                   "eval_pool": "null, cls, mean or cls_prenorm",
-                   "temperature": "> 0"}
-        check_values(self, checks, allowed)
+        check_fields(self, "method.")
         if self.predictor[-1] != self.projector[-1]:
             raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
                               f"predicts the teacher's projection), got {self.predictor}")
-        check_ema(self)
 
 
 class ExtreMA(nn.Module):

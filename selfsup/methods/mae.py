@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, Range, check_fields
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
 from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
 from selfsup.methods.base import StepOutput, check_values
@@ -31,23 +31,21 @@ from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
 @dataclass
 class MAEConfig:
-    mask_ratio: float = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
-    decoder_dim: int = 512  # the authors' decoder: 8 blocks of width 512, 16 heads (MAE Sec. 4; MAE-CT's yamls)
-    decoder_depth: int = 8
-    decoder_heads: int = 16
-    decoder_mlp_ratio: float = 4.0
+    mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.75")] = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
+    # the authors' decoder: 8 blocks of width 512, 16 heads (MAE Sec. 4; MAE-CT's yamls)
+    decoder_dim: Annotated[int, Range(ge=4, le=65536, example="512")] = 512
+    decoder_depth: Annotated[int, Range(ge=1, le=256)] = 8
+    decoder_heads: Annotated[int, Range(ge=1, le=1024)] = 16
+    decoder_mlp_ratio: Annotated[float, Range(gt=0, le=64)] = 4.0
     norm_pix_loss: bool = True  # per-patch normalised pixel targets (MAE Tab. 1d)
     eval_pool: Literal["cls", "mean"] | None = None  # exported feature; None = model.params.pool
 
     def __post_init__(self) -> None:
-        checks = {"mask_ratio": 0 <= self.mask_ratio < 1, "decoder_dim": self.decoder_dim >= 4 and self.decoder_dim % 4 == 0,
-                  "decoder_depth": self.decoder_depth >= 1,
-                  "decoder_heads": self.decoder_heads >= 1 and self.decoder_dim % self.decoder_heads == 0,
-                  "decoder_mlp_ratio": self.decoder_mlp_ratio > 0, "eval_pool": self.eval_pool in (None, "cls", "mean")}
-        allowed = {"mask_ratio": "in [0, 1), e.g. 0.75", "decoder_dim": "a multiple of 4 (sin-cos positions), e.g. 512",
-                   "decoder_depth": ">= 1", "decoder_heads": "a divisor of method.decoder_dim",
-                   "decoder_mlp_ratio": "> 0", "eval_pool": "null, cls or mean"}
-        check_values(self, checks, allowed)
+        check_fields(self, "method.")
+        check_values(self, {"decoder_dim": self.decoder_dim % 4 == 0,
+                            "decoder_heads": self.decoder_dim % self.decoder_heads == 0},
+                     {"decoder_dim": "a multiple of 4 (sin-cos positions), e.g. 512",
+                      "decoder_heads": "a divisor of method.decoder_dim"})
 
 
 class MAEDecoder(nn.Module):

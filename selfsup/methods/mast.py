@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, NonNegative, Probability, Width, check_fields
 from selfsup.data.augment import MAST15_OPS, MAST_OPS, LabelledAugment, sample_op_subsets
 from selfsup.data.views import ViewGroup
 from selfsup.losses.mast import init_masks, mast_loss
@@ -37,41 +37,31 @@ from selfsup.train.schedules import augmentation_count_schedule
 class MASTConfig:
     # One mask per op, in this order: MAST-5 (the default) or any of MAST15_OPS (MAST-15: all of them).
     ops: list[str] = field(default_factory=lambda: list(MAST_OPS))
-    embedding_dim: int = 4096  # d
-    trunk: list[int] = field(default_factory=lambda: [8192, 8192])  # shared trunk (two FC layers of 8192)
+    embedding_dim: Width = 4096  # d
+    trunk: list[Width] = field(default_factory=lambda: [8192, 8192])  # shared trunk (two FC layers of 8192)
     # gem: the trunk runs position-wise on the encoder's feature map and each head GeM-pools it (App. A);
     # avg: the trunk runs on the average-pooled feature (the spec's cheap small-scale variant).
     pooling: Literal["gem", "avg"] = "gem"
     # The covariance head's activation: relu (App. A) can output exact zeros, which Eq. 6 divides by (guarded by
     # 1e-6); softplus keeps every variance positive (a deviation, spec §6.3).
     variance: Literal["relu", "softplus"] = "relu"
-    first_stage: float = 0.5  # fraction of the run with one augmentation at a time (§3.2: 500 of 1000 epochs)
-    invariance_weight: float = 25.0  # lambda = 25 d / K_active
-    sparsity_weight: float = 600.0  # lambda1 = 600 / (d K)
-    kl_weight: float = 25.0  # lambda2
-    var_weight: float = 25.0  # alpha
-    cov_weight: float = 1.0  # beta
+    first_stage: Probability = 0.5  # fraction of the run with one augmentation at a time (§3.2: 500 of 1000 epochs)
+    invariance_weight: NonNegative = 25.0  # lambda = 25 d / K_active
+    sparsity_weight: NonNegative = 600.0  # lambda1 = 600 / (d K)
+    kl_weight: NonNegative = 25.0  # lambda2
+    var_weight: NonNegative = 25.0  # alpha
+    cov_weight: NonNegative = 1.0  # beta
     # Off: Eq. 7 as printed. On: D_mg ignores the overall scale of the masks and of the variances (the loss can
     # otherwise fall by shrinking every mask or inflating every variance; losses/mast.py, spec §6.4).
     scale_free: bool = False
-    crop_p: float = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
-    extra_p: float = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
+    crop_p: Probability = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
+    extra_p: Probability = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
 
     def __post_init__(self) -> None:
+        check_fields(self, "method.")
         unknown = [op for op in self.ops if op not in MAST15_OPS]
-        check_values(self, {
-            "ops": bool(self.ops) and not unknown and len(set(self.ops)) == len(self.ops),
-            "embedding_dim": self.embedding_dim >= 1,
-            "first_stage": 0.0 <= self.first_stage <= 1.0,
-            "crop_p": 0.0 <= self.crop_p <= 1.0,
-            "extra_p": 0.0 <= self.extra_p <= 1.0,
-        }, {
-            "ops": f"a list of distinct augmentations out of {list(MAST15_OPS)}",
-            "embedding_dim": "a positive width d",
-            "first_stage": "a fraction of the run in [0, 1] (the paper: 0.5)",
-            "crop_p": "a probability",
-            "extra_p": "a probability",
-        })
+        check_values(self, {"ops": bool(self.ops) and not unknown and len(set(self.ops)) == len(self.ops)},
+                     {"ops": f"a list of distinct augmentations out of {list(MAST15_OPS)}"})
 
 
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, NonNegative, Range, Temperature, Width, Widths, check_fields
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import StepOutput, check_ema, check_values
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -29,21 +29,26 @@ from selfsup.train.schedules import ema_momentum_schedule, linear_schedule
 
 @dataclass
 class MSNConfig:
-    projector: list[int] = field(default_factory=lambda: [2048, 2048, 256])  # hidden, hidden, out (App. A.1, code)
+    projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # hidden, hidden, out (App. A.1, code)
     projector_norm: Literal["batch", "layer", "none"] = "batch"  # BN on the hidden layers, GELU (App. A.1)
-    num_prototypes: int = 1024  # K (App. A.1, Tab. 12)
-    anchor_temperature: float = 0.1  # tau
-    target_temperature: float = 0.025  # tau+ < tau sharpens the targets (Sec. 3)
-    sinkhorn_iterations: int = 3  # on the targets; 0 = off (Tab. 11: then raise memax_weight, e.g. 5)
-    memax_weight: float = 1.0  # lambda of ME-MAX
-    label_smoothing: float = 0.0  # of the prototype labels (authors' code; 0 in their configs)
-    mask_ratio: float = 0.15  # fraction of patches dropped from masked anchors (ViT-S 0.15, B 0.3, L 0.7)
-    masked_views: int = 1  # views after the target that are randomly masked; the rest are focal views
+    num_prototypes: Width = 1024  # K (App. A.1, Tab. 12)
+    anchor_temperature: Temperature = 0.1  # tau
+    target_temperature: Temperature = 0.025  # tau+ < tau sharpens the targets (Sec. 3)
+    # on the targets; 0 = off (Tab. 11: then raise memax_weight, e.g. 5)
+    sinkhorn_iterations: Annotated[int, Range(ge=0, le=1000, example="3 (0 = off)")] = 3
+    memax_weight: NonNegative = 1.0  # lambda of ME-MAX
+    # of the prototype labels (authors' code; 0 in their configs)
+    label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    # fraction of patches dropped from masked anchors (ViT-S 0.15, B 0.3, L 0.7)
+    mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.15")] = 0.15
+    # views after the target that are randomly masked; the rest are focal views
+    masked_views: Annotated[int, Range(ge=0, le=256)] = 1
     shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
-    momentum: float = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
-    momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
-    momentum_end: float | None = 1.0  # None: hold the starting momentum
-    momentum_stretch: float = 1.0  # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
+    momentum: EMAMomentum = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
+    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
+    # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
+    momentum_stretch: Annotated[float, Range(ge=1, le=100, example="1.25 (the authors' code)")] = 1.0
     # exported feature: [CLS] before the final norm (code), after it, or the mean patch token (small ViTs, laptop preset)
     eval_pool: Literal["cls_prenorm", "cls", "mean"] = "cls_prenorm"
 
@@ -58,25 +63,7 @@ class MSNConfig:
         return []
 
     def __post_init__(self) -> None:
-        checks = {
-            "projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),
-            "num_prototypes": self.num_prototypes >= 1,
-            "anchor_temperature": self.anchor_temperature > 0,
-            "target_temperature": self.target_temperature > 0,
-            "sinkhorn_iterations": self.sinkhorn_iterations >= 0,
-            "memax_weight": self.memax_weight >= 0,
-            "label_smoothing": 0 <= self.label_smoothing < 1,
-            "mask_ratio": 0 <= self.mask_ratio < 1,
-            "masked_views": self.masked_views >= 0,
-            "momentum_stretch": self.momentum_stretch >= 1,
-        }
-        allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]", "num_prototypes": ">= 1",
-                   "anchor_temperature": "> 0", "target_temperature": "> 0", "sinkhorn_iterations": ">= 0 (0 = off)",
-                   "memax_weight": ">= 0", "label_smoothing": "in [0, 1)", "mask_ratio": "in [0, 1)",
-                   "masked_views": ">= 0",
-                   "momentum_stretch": ">= 1 (1.25 in the authors' code)"}
-        check_values(self, checks, allowed)
-        check_ema(self)
+        check_fields(self, "method.")
 
 
 class MSN(nn.Module):

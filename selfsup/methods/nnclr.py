@@ -17,13 +17,13 @@ stage 3), ``encoder_momentum`` (the EMA encoder is the final model) and ``projec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, Momentum, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
 from selfsup.models.heads import mlp
@@ -33,29 +33,23 @@ from selfsup.train.queue import FeatureQueue
 
 @dataclass
 class NNCLRConfig:
-    projector: list[int] = field(default_factory=lambda: [2048, 2048, 256])  # 3 layers, last BN without ReLU
-    predictor: list[int] = field(default_factory=lambda: [4096, 256])  # 2 layers, no BN after the last
-    queue_size: int = 98304  # NNCLR's support set; MAE-CT 65,536; a multiple of the global batch
-    temperature: float = 0.1  # NNCLR 0.1; MAE-CT 0.15 (B) / 0.2 (L) / 0.3 (H)
-    topk: int = 1  # 1: the nearest neighbour (NNCLR, MAE-CT stage 2); MAE-CT's CT draws among the 10-30 nearest
-    projector_momentum: float | None = None  # null: the NN path uses the projector itself; MAE-CT's CT: 0.99
-    encoder_momentum: float | None = None  # null: export the online encoder; MAE-CT: an EMA copy (0.9999) is the model
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
+    projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # 3 layers, last BN without ReLU
+    predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 layers, no BN after the last
+    # NNCLR's support set; MAE-CT 65,536; a multiple of the global batch
+    queue_size: Annotated[int, Range(ge=1, le=2**26, example="65536")] = 98304
+    temperature: Temperature = 0.1  # NNCLR 0.1; MAE-CT 0.15 (B) / 0.2 (L) / 0.3 (H)
+    topk: PositiveInt = 1  # 1: the nearest neighbour (NNCLR, MAE-CT stage 2); MAE-CT's CT draws among the 10-30 nearest
+    projector_momentum: Momentum | None = None  # null: the NN path uses the projector itself; MAE-CT's CT: 0.99
+    # null: export the online encoder; MAE-CT: an EMA copy (0.9999) is the model
+    encoder_momentum: Momentum | None = None
     eval_pool: Literal["cls", "mean"] | None = None  # exported ViT feature; None = model.params.pool
 
     def __post_init__(self) -> None:
-        checks = {"projector": len(self.projector) >= 1 and all(d >= 1 for d in self.projector),
-                  "predictor": len(self.predictor) >= 1 and self.predictor[-1] == self.projector[-1],
-                  "queue_size": self.queue_size >= 1, "temperature": self.temperature > 0,
-                  "topk": 1 <= self.topk <= self.queue_size,
-                  "projector_momentum": self.projector_momentum is None or 0 <= self.projector_momentum <= 1,
-                  "encoder_momentum": self.encoder_momentum is None or 0 <= self.encoder_momentum <= 1,
-                  "eval_pool": self.eval_pool in (None, "cls", "mean")}
-        allowed = {"projector": "a list of positive widths, e.g. [2048, 2048, 256]",
-                   "predictor": f"a list of widths ending at the projector's output {self.projector[-1:]}",
-                   "queue_size": ">= 1, a multiple of trainer.batch_size", "temperature": "> 0",
-                   "topk": "in [1, method.queue_size]", "projector_momentum": "null or in [0, 1], e.g. 0.99",
-                   "encoder_momentum": "null or in [0, 1], e.g. 0.9999", "eval_pool": "null, cls or mean"}
-        check_values(self, checks, allowed)
+        check_fields(self, "method.")
+        check_values(self, {"predictor": self.predictor[-1] == self.projector[-1], "topk": self.topk <= self.queue_size},
+                     {"predictor": f"a list of widths ending at the projector's output {self.projector[-1:]}",
+                      "topk": "in [1, method.queue_size]"})
 
     def check_batch(self, global_batch: int) -> None:
         """Each step pushes the global batch: the queue must hold a whole number of batches (MAE-CT's assertion)."""

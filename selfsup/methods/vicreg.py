@@ -9,11 +9,12 @@ that paper's small projector and ``sim_weight: auto`` its tuned lambda = mu for 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
+from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import vicreg_multiview_loss
 from selfsup.methods.base import StepOutput, check_min_views
 from selfsup.methods.small_projectors import build_projector, output_width, vicreg_sim_weight
@@ -21,11 +22,15 @@ from selfsup.methods.small_projectors import build_projector, output_width, vicr
 
 @dataclass
 class VICRegConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
-    expander: list[int] | int = field(default_factory=lambda: [8192, 8192, 8192])
-    sim_weight: float | Literal["auto"] = 25.0  # lambda; "auto": Ghosh et al.'s tuned lambda = mu for the width p
-    var_weight: float | Literal["auto"] = 25.0  # mu; "auto": equal to sim_weight (Ghosh et al. tie lambda = mu)
-    cov_weight: float = 1.0  # nu
+    expander: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])
+    sim_weight: NonNegative | Literal["auto"] = 25.0  # lambda; "auto": Ghosh et al.'s tuned lambda = mu for the width p
+    var_weight: NonNegative | Literal["auto"] = 25.0  # mu; "auto": equal to sim_weight (Ghosh et al. tie lambda = mu)
+    cov_weight: NonNegative = 1.0  # nu
+
+    def __post_init__(self) -> None:
+        check_fields(self, "method.")
 
 
 class VICReg(nn.Module):

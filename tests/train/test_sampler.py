@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from selfsup.config import ConfigError
 from selfsup.data.sampler import StepSampler
 
 
@@ -48,7 +49,7 @@ def test_ranks_get_disjoint_slices_of_the_global_batch() -> None:
 
 
 def test_errors() -> None:
-    with pytest.raises(ValueError, match="fewer than trainer.batch_size"):
+    with pytest.raises(ConfigError, match="trainer.batch_size: 16; the training split has only 10 images"):
         StepSampler(num_samples=10, global_batch=16)
     with pytest.raises(ValueError, match="divisible"):
         StepSampler(num_samples=100, global_batch=10, world_size=4)

@@ -100,9 +100,9 @@ def test_ema_momentum_end_null_is_accepted_and_out_of_range_is_not() -> None:
 
     for config in (MSNConfig, ExtreMAConfig, BYOLConfig):
         assert config(momentum_end=None).momentum_end is None
-        with pytest.raises(ConfigError, match="momentum_end: 1.5; use in \\[0, 1\\], or null"):
+        with pytest.raises(ConfigError, match="momentum_end: 1.5; use a number in \\[0, 1\\], e.g. 1, or null"):
             config(momentum_end=1.5)
-        with pytest.raises(ConfigError, match="method.momentum: -0.1; use in \\[0, 1\\]"):
+        with pytest.raises(ConfigError, match="method.momentum: -0.1; use a number in \\[0, 1\\]"):
             config(momentum=-0.1)
 
 

@@ -3,8 +3,11 @@
 A split is a folder of POSIX tar files. Each sample is a group of members sharing a key, WebDataset's
 convention: ``<key>.jpg`` (or .png, .webp, ...: the original encoded bytes, never re-encoded) and
 ``<key>.cls`` (the label as ASCII digits). The folder's ``index.json`` is a ``wids`` shard index
-(``shardlist`` of ``{url, nsamples}``) plus the class names, so the shards also work with the
-``webdataset``/``wids`` readers and any tar tool. ``index.npz`` caches where each image lies inside
+(``shardlist`` of ``{url, nsamples, filesize}``; indexes written before ``filesize`` was added still read)
+plus the class names, so the shards also work with the ``webdataset``/``wids`` readers and any tar tool.
+Opening a folder checks every shard against its index: a shard holding fewer whole samples than
+``nsamples`` (a copy cut short) is an error naming it, or with ``allow_incomplete`` a warning with the
+number of samples lost. ``index.npz`` caches where each image lies inside
 its shard; without it (shards written by other tools), the shards' headers are scanned once.
 
 Why tar shards and not Lightning's litdata: tar needs no dependency to write or read, works on any
@@ -21,6 +24,7 @@ import json
 import os
 import tarfile
 import time
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,7 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from selfsup.data.formats.folder import IMAGE_EXTENSIONS, FolderSource
-from selfsup.data.imagedata import DataError
+from selfsup.data.imagedata import DataError, warn_unreadable
 
 __all__ = ["ShardSource", "shard_source", "write_shards"]
 
@@ -44,12 +48,28 @@ def _split_member(name: str) -> tuple[str, str]:
     return os.path.join(folder, stem), suffix.lower()
 
 
+def _members(tar: tarfile.TarFile) -> Iterable[tarfile.TarInfo]:
+    """The members of ``tar``; a file cut short ends the listing after its last header (the last member's data may
+    be cut: the callers check the bytes against the file's size) instead of raising."""
+    while True:
+        try:
+            member = tar.next()
+        except tarfile.ReadError as err:
+            if "unexpected end of data" not in str(err):
+                raise
+            return
+        if member is None:
+            return
+        yield member
+
+
 def scan_shard(path: Path) -> tuple[list[str], list[int], list[int], list[int]]:
-    """Member names, data offsets, sizes and labels (-1: none) of the images in one tar shard."""
+    """Member names, data offsets, sizes and labels (-1: none) of the images in one tar shard (a shard cut short:
+    the samples whose headers are there; :func:`shard_source` compares them with the index)."""
     names, offsets, sizes, labels, keys = [], [], [], [], {}
     try:
         with tarfile.open(path, "r:") as tar:
-            for member in tar:
+            for member in _members(tar):
                 if not member.isfile():
                     continue
                 key, suffix = _split_member(member.name)
@@ -60,7 +80,11 @@ def scan_shard(path: Path) -> tuple[list[str], list[int], list[int], list[int]]:
                     sizes.append(member.size)
                     labels.append(-1)
                 elif suffix == "cls" and key in keys:
-                    labels[keys[key]] = int(tar.extractfile(member).read().strip() or -1)
+                    try:
+                        text = tar.extractfile(member).read()
+                    except tarfile.ReadError:  # the file ends inside the label: its image stays unlabelled (lost)
+                        break
+                    labels[keys[key]] = int(text.strip() or -1)
     except (tarfile.TarError, OSError, ValueError) as err:
         raise DataError(f"{path}: not a readable tar shard ({err}); re-create it with `selfsup shard`") from err
     return names, offsets, sizes, labels
@@ -117,11 +141,17 @@ def _read_index(folder: Path) -> dict:
     return {**index, "urls": shards}
 
 
-def shard_source(folder: Path) -> ShardSource:
-    """Open a shard folder: ``index.json`` (+ the ``index.npz`` cache), or every ``*.tar`` in it, scanned."""
+def shard_source(folder: Path, allow_incomplete: bool = False) -> ShardSource:
+    """Open a shard folder: ``index.json`` (+ the ``index.npz`` cache), or every ``*.tar`` in it, scanned.
+
+    Each shard is checked against the index (:func:`_check_complete`): fewer whole samples than it lists is a
+    :class:`DataError`, or, with ``allow_incomplete`` (``data.allow_incomplete_shards``), a warning naming the
+    shards and the number of samples lost.
+    """
+    listed: list[dict] = []
     if (folder / INDEX).is_file():
         index = _read_index(folder)
-        shards, classes = index["urls"], index.get("classes")
+        shards, classes, listed = index["urls"], index.get("classes"), index["shardlist"]
     else:
         shards, classes = sorted(p.name for p in folder.glob("*.tar")), None
         if not shards:
@@ -140,6 +170,7 @@ def shard_source(folder: Path) -> ShardSource:
                 arrays = {k: npz[k] for k in ("shard", "offset", "size", "member", "label")}
     if arrays is None:
         arrays = _scan(folder, shards)
+    arrays = _check_complete(folder, shards, listed, arrays, np.array(sizes_now, dtype=np.int64), allow_incomplete)
     labels = arrays["label"]
     if len(labels) == 0:
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found in the shards of {folder}")
@@ -149,6 +180,40 @@ def shard_source(folder: Path) -> ShardSource:
         classes = [str(i) for i in range(int(labels.max()) + 1)]
     return ShardSource(folder, shards, arrays["shard"], arrays["offset"], arrays["size"], arrays["member"],
                        labels, classes)
+
+
+def _check_complete(folder: Path, shards: list[str], listed: list[dict], arrays: dict[str, np.ndarray],
+                    sizes_now: np.ndarray, allow_incomplete: bool) -> dict[str, np.ndarray]:
+    """Compare each shard's whole samples (header found and bytes inside the file) with its index entry's
+    ``nsamples`` (and ``filesize``, when the index has it). A shortfall raises a DataError naming the shards and the
+    counts, or, with ``allow_incomplete``, warns with the number lost; returns the arrays of the whole samples."""
+    whole = arrays["offset"] + arrays["size"] <= sizes_now[arrays["shard"]]  # a cut inside an image loses it
+    if (arrays["label"] >= 0).any():  # labelled shards: a sample whose label was cut off is lost too
+        whole &= arrays["label"] >= 0
+    found = np.bincount(arrays["shard"][whole], minlength=len(shards))
+    short = []
+    for i, shard in enumerate(shards):
+        entry = listed[i] if i < len(listed) and isinstance(listed[i], dict) else {}
+        expected = entry.get("nsamples")
+        if not isinstance(expected, int) or isinstance(expected, bool):  # no index (other tools): headers scanned
+            expected = int(np.count_nonzero(arrays["shard"] == i))
+        if found[i] < expected:
+            size = entry.get("filesize")
+            bytes_note = f", {sizes_now[i]:,} of its {size:,} bytes" if isinstance(size, int) else ""
+            short.append((shard, int(found[i]), expected, bytes_note))
+    if not short:
+        return arrays
+    lost = sum(expected - got for _, got, expected, _ in short)
+    total = int(whole.sum())
+    details = "; ".join(f"{shard} holds {got} of the {expected} samples {INDEX} lists{note}"
+                        for shard, got, expected, note in short[:5]) + ("; ..." if len(short) > 5 else "")
+    if not allow_incomplete:
+        raise DataError(f"{folder}: {len(short)} shard(s) are incomplete ({details}): {lost} samples would be lost. "
+                        f"Copy the shards again or re-create them with `selfsup shard`; or set "
+                        f"data.allow_incomplete_shards=true to read the {total} samples present")
+    warnings.warn(f"{folder}: {len(short)} incomplete shard(s) ({details}): reading {total} samples, {lost} lost "
+                  f"(data.allow_incomplete_shards=true)", stacklevel=3)
+    return {key: value[whole] for key, value in arrays.items()}
 
 
 def _scan(folder: Path, shards: list[str]) -> dict[str, np.ndarray]:
@@ -162,10 +227,22 @@ def _scan(folder: Path, shards: list[str]) -> dict[str, np.ndarray]:
     }
 
 
-def _chunks(source: FolderSource, max_count: int, max_bytes: int) -> Iterable[list[int]]:
+def _verifies(path: str) -> bool:
+    """Whether PIL identifies the image file and its structure verifies (no pixel decoding: cheap)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except Exception:  # any unreadable or malformed file
+        return False
+    return True
+
+
+def _chunks(source: FolderSource, samples: list[int], max_count: int, max_bytes: int) -> Iterable[list[int]]:
     """Consecutive sample numbers, cut where a shard would exceed ``max_count`` images or ``max_bytes``."""
     chunk, total = [], 0
-    for i in range(len(source)):
+    for i in samples:
         size = os.path.getsize(source.open(i))
         if chunk and (len(chunk) >= max_count or total + size > max_bytes):
             yield chunk
@@ -180,9 +257,10 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
                  progress: bool = True) -> dict:
     """Write ``source`` (one folder split) as tar shards of at most ``max_count`` images / ``max_bytes`` into ``out``.
 
-    Images keep their encoded bytes. Every shard is written under a temporary name and renamed when
-    complete, and the index last, so an interrupted conversion never leaves a folder that reads as
-    complete. Returns the index.
+    Images keep their encoded bytes. A file that PIL cannot identify or verify is left out and named (by its
+    path under ``source.root``) in one warning and in the returned index's ``skipped``. Every shard is written
+    under a temporary name and renamed when complete, and the index last, so an interrupted conversion never
+    leaves a folder that reads as complete. Returns the index.
     """
     if max_count < 1 or max_bytes < 1:
         raise DataError(f"shards need max_count >= 1 and max_bytes >= 1; got {max_count}, {max_bytes}")
@@ -193,8 +271,16 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
     (out / OFFSETS).unlink(missing_ok=True)
     digits = max(8, len(str(len(source))))
     bar = tqdm(total=len(source), desc=f"sharding {source.root.name}", unit="img", disable=not progress)
-    shards = []
-    for number, chunk in enumerate(_chunks(source, max_count, max_bytes)):
+    shards, skipped = [], []
+    readable = []
+    for i in range(len(source)):
+        if _verifies(source.open(i)):
+            readable.append(i)
+        else:
+            skipped.append(source.name(i))
+    if skipped:
+        warn_unreadable(skipped, f"in {source.root} (not written to the shards)", stacklevel=3)
+    for number, chunk in enumerate(_chunks(source, readable, max_count, max_bytes)):
         name = f"shard-{number:06d}.tar"
         tmp = out / (name + ".tmp")
         with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
@@ -216,7 +302,8 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
     np.savez(out / OFFSETS, shard_bytes=np.array([(out / s).stat().st_size for s, _ in shards], dtype=np.int64),
              **arrays)
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": source.root.name,
-             "shardlist": [{"url": s, "nsamples": n} for s, n in shards], "classes": source.classes}
+             "shardlist": [{"url": s, "nsamples": n, "filesize": (out / s).stat().st_size} for s, n in shards],
+             "classes": source.classes, "skipped": skipped}
     tmp = out / (INDEX + ".tmp")
     tmp.write_text(json.dumps(index, indent=1))
     os.replace(tmp, out / INDEX)
