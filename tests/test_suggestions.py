@@ -8,7 +8,7 @@ from pathlib import Path
 
 from selfsup.cli import main
 from selfsup.config import load_config
-from selfsup.train.engine import validate
+from selfsup.launch import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import selfsup.bench
 import selfsup.eval.run
-import selfsup.train.bench
-import selfsup.train.engine
+import selfsup.launch
 from selfsup.cli import main
 from selfsup.config import (Config, DataConfig, EvalConfig, ModelConfig, MonitorConfig, NonEmpty, OptimConfig, Range,
                             TrainerConfig, ViewConfig, load_config)
@@ -84,8 +84,8 @@ def assert_clean(code: int, err: str, argv: list[str], diverged_ok: bool = False
 def checks_only(monkeypatch_ctx):
     """The entry points stop after their checks: pretrain and bench run ``validate`` (what they run first), eval its
     config checks; so an accepted value starts no work."""
-    monkeypatch_ctx.setattr(selfsup.train.engine, "pretrain", lambda cfg, **_: selfsup.train.engine.validate(cfg))
-    monkeypatch_ctx.setattr(selfsup.train.bench, "bench", lambda cfg, **_: selfsup.train.engine.validate(cfg) or {})
+    monkeypatch_ctx.setattr(selfsup.launch, "pretrain", lambda cfg, **_: selfsup.launch.validate(cfg))
+    monkeypatch_ctx.setattr(selfsup.bench, "bench", lambda cfg, **_: selfsup.launch.validate(cfg) or {})
     monkeypatch_ctx.setattr(selfsup.eval.run, "evaluate_run", lambda *a, **k: {})
     monkeypatch_ctx.setattr(selfsup.eval.run, "run_finetune", lambda *a, **k: {})
     yield
