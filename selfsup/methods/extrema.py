@@ -86,6 +86,10 @@ class ExtreMA(nn.Module):
             raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, vit_tiny, "
                               "vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2) whose "
                               "model.params.pool is cls (the paper) or mean; method.eval_pool picks the exported feature")
+        if not backbone.class_attention:
+            raise ConfigError("ExtreMA needs the late [CLS] of class-attention blocks: set "
+                              "model.params.num_class_attention_blocks: 2 (the paper's App. A: an early [CLS] that "
+                              "enters the blocks with the few visible patches fails to converge)")
         patches = backbone.num_patches
         keep = num_keep(patches, cfg.mask_ratio)
         if cfg.disjoint and cfg.num_masks * keep > patches:

@@ -195,6 +195,10 @@ def test_bad_backbones_and_options_fail_clearly() -> None:
         _method(predictor=[48, 8])
     with pytest.raises(ConfigError, match="pool is cls"):
         _method(backbone=_vit(pool="cls_prenorm"))
+    early_cls = build_backbone("vit_custom", img_size=SIZE, patch_size=PATCH, in_channels=3, embed_dim=D, depth=2,
+                               num_heads=2)  # [CLS] enters the blocks with the patches: App. A, does not converge
+    with pytest.raises(ConfigError, match="model.params.num_class_attention_blocks: 2"):
+        _method(backbone=early_cls)
     for key, value in [("mask_ratio", 1.0), ("num_masks", 0), ("loss", "mse"), ("temperature", 0.0),
                        ("momentum_horizon", 2.0), ("head_norm", "group"), ("eval_pool", "max")]:
         with pytest.raises(ConfigError, match=f"method.{key}"):
