@@ -13,8 +13,9 @@ The instance representation is the late [CLS] after the CaiT class-attention blo
 (``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU (``method.head_norm``), so
 nothing depends on batch statistics. Views (the config's ``views`` list): one view is "1 aug" (the teacher sees the student's image
 unmasked); two views are the student's and the teacher's, e.g. ``{preset: extrema, num: 2, shared_crop: true}``
-for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder, as the authors
-evaluate it (main_lincls.py ``--eval_momentum``).
+for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder (the authors' linear probe
+reads the momentum encoder, main_lincls.py ``--eval_momentum``, but without the final LayerNorm and behind a
+non-affine BatchNorm: ``eval_pool: cls_prenorm`` with the probes' standardisation; they fine-tune the student).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class ExtreMAConfig:
     momentum_end: float | None = 1.0  # None: hold the starting momentum
     momentum_horizon: float | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
-    # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)
+    # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes);
+    # "cls_prenorm" = that [CLS] before the final LayerNorm, the authors' linear-probe feature (+ a non-affine BN)
     eval_pool: Literal["cls", "mean", "cls_prenorm"] | None = None
 
     def __post_init__(self) -> None:

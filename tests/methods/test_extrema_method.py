@@ -177,6 +177,23 @@ def test_eval_pool_changes_the_export_not_the_trained_representation() -> None:
     assert method.encoder.pool == "cls" and _method().export_params == {"pool": "cls"}
 
 
+def test_eval_pool_cls_prenorm_exports_the_authors_probe_feature() -> None:
+    """main_lincls.py: the teacher's class-attention [CLS] without the final LayerNorm."""
+    method = _method(eval_pool="cls_prenorm")
+    x = _views(1)[0]
+    with torch.no_grad():
+        teacher = method.backbone
+        cls = teacher.cls_token.expand(B, -1, -1)
+        patches = teacher.embed_patches(x)
+        for block in teacher.blocks:
+            patches = block(patches)
+        for block in teacher.ca_blocks:
+            cls = block(cls, patches)
+        torch.testing.assert_close(teacher(x), cls[:, 0])
+        assert not torch.allclose(teacher(x), teacher.forward_features(x)["cls"])
+    assert method.export_params == {"pool": "cls_prenorm"} and method.encoder.pool == "cls"
+
+
 def test_batchnorm_heads_option() -> None:
     method = _method(head_norm="batch")
     assert any(isinstance(m, nn.BatchNorm1d) for m in method.projector.modules())
