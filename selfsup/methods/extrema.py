@@ -30,7 +30,7 @@ from selfsup.config import ConfigError
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
 from selfsup.methods.base import StepOutput, check_ema, check_values
-from selfsup.models.heads import mlp
+from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
@@ -102,6 +102,7 @@ class ExtreMA(nn.Module):
         self.encoder = backbone
         self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.head_norm, act="gelu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm=cfg.head_norm, act="gelu")
+        xavier_linears_(self)  # the authors' init of every Linear layer (ViT and heads), before the teacher copy
         self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):
