@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from selfsup.checkpoint import CheckpointError
-from selfsup.config import ConfigError, load_config, stage_configs
+from selfsup.config import Config, ConfigError, load_config, stage_configs
 
 log = logging.getLogger("selfsup")
 
@@ -37,7 +37,20 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         cfg = load_config(target / "config.yaml", [f"trainer.out={target}", *args.overrides])
     else:
         cfg = load_config(target, args.overrides)
+    check_data_size(cfg)
     pretrain(cfg, allow_optim_change=args.allow_optim_change)
+
+
+def check_data_size(cfg: Config) -> None:
+    """Method settings that depend on the number of training images (NNCLR's queue must stay below it), checked
+    before training; the data is counted only for methods that have such a check. Here rather than in the engine,
+    which builds the method without the dataset's size."""
+    from selfsup.data.stream import split_size
+    from selfsup.methods import check_dataset, method_config
+
+    for c in [stage.cfg for stage in stage_configs(cfg)] or [cfg]:
+        if hasattr(method_config(c.method)[1], "check_dataset"):
+            check_dataset(c.method, split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

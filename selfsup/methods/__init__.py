@@ -16,7 +16,9 @@ The contract the engine relies on (no base class; methods compose shared pieces)
   differ at evaluation, e.g. MSN's ``{"pool": "cls_prenorm"}``);
 - optional ``Config.warnings(global_batch) -> list[str]``: settings that run but are probably wrong
   for this batch (logged when training starts); optional ``Config.check_batch(global_batch)``: raise a
-  ConfigError for settings that cannot run with this batch (checked before any work).
+  ConfigError for settings that cannot run with this batch (checked before any work); optional
+  ``Config.check_dataset(num_images, global_batch)``: the same once the training split's size is known
+  (:func:`check_dataset`; NNCLR's queue must stay below the number of images).
 """
 
 from __future__ import annotations
@@ -63,4 +65,12 @@ def build_method(spec: dict[str, Any], backbone: nn.Module, total_steps: int) ->
     return cls(backbone, cfg, total_steps)
 
 
-__all__ = ["METHODS", "StepOutput", "build_method", "method_config"]
+def check_dataset(spec: dict[str, Any], num_images: int, global_batch: int) -> None:
+    """Raise a ConfigError for ``method:`` settings that cannot train on ``num_images`` images (the method config's
+    optional ``check_dataset``). To be called where the training split's size is known, before building."""
+    _, cfg = method_config(spec)
+    if hasattr(cfg, "check_dataset"):
+        cfg.check_dataset(num_images, global_batch)
+
+
+__all__ = ["METHODS", "StepOutput", "build_method", "check_dataset", "method_config"]

@@ -135,6 +135,19 @@ def test_bad_settings_name_the_key() -> None:
         NNCLRConfig(queue_size=1000).check_batch(96)
 
 
+def test_a_queue_holding_the_whole_dataset_is_refused() -> None:
+    from selfsup.methods import check_dataset
+
+    spec = {"name": "nnclr", "queue_size": 2048}
+    check_dataset(spec, 60000, 256)  # Fashion-MNIST: fine
+    check_dataset(spec, 2049, 256)
+    for images, fit in ((2048, 512), (1797, 256)):  # a queue of the dataset's size or more holds every image's own
+        with pytest.raises(ConfigError, match=f"method.queue_size: 2048 >= the {images} training images.*"  # last
+                                              f"use method.queue_size={fit}"):  # a quarter of the data, in batches
+            check_dataset(spec, images, 256)
+    check_dataset({"name": "vicreg"}, 10, 256)  # methods without a queue have no such check
+
+
 # ------------------------------------------------------------------------------- DDP
 IN, OUT, BATCH = 6, 5, 8
 
