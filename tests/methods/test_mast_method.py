@@ -114,6 +114,46 @@ def test_masks_stay_non_negative_and_get_gradients() -> None:
     assert (mast.masks >= 0).all() and (mast.masks[:3, 0] == 0).all()
 
 
+@pytest.mark.parametrize("labels", ["drawn", "applied"])
+def test_labels_name_the_drawn_or_the_applied_ops(labels: str) -> None:
+    """Stage 1, flip drawn alone with p 0.5 per view: ``applied`` labels a pair flip iff a view is mirrored."""
+    mast = method(total_steps=4, labels=labels)
+    torch.manual_seed(3)
+    x = images(64)
+    view_a, view_b = mast.make_views(x, step=0)
+    centre = (x - 0.5) / 0.25
+    drawn = mast.active.sum(1) == 1  # stage 1: one op per pair, whatever the labels
+    label = mast.active[:, OPS.index("flip")]
+    mirrored_pairs, unmirrored_pairs = 0, 0
+    for i in range(len(x)):
+        mirrored = [torch.allclose(v[i], centre[i].flip(-1), atol=1e-5) for v in (view_a, view_b)]
+        plain = [torch.allclose(v[i], centre[i], atol=1e-5) for v in (view_a, view_b)]
+        if all(a or b for a, b in zip(mirrored, plain)) and (label[i] or labels == "applied"):  # a flip-only pair
+            if any(mirrored):
+                mirrored_pairs += 1
+                assert label[i]
+            else:
+                unmirrored_pairs += 1
+                assert label[i] == (labels == "drawn")  # drawn, but neither view was flipped
+    assert mirrored_pairs and unmirrored_pairs
+    if labels == "drawn":
+        assert drawn.all()
+
+
+def test_grayscale_on_gray_images_is_refused() -> None:
+    backbone = build_backbone("resnet", block="basic", layers=[1], width=8, small_stem=True, in_channels=1)
+    mast = MAST(backbone, MASTConfig(embedding_dim=8, trunk=[8]), 10)  # MAST-5: grayscale among the ops
+    with pytest.raises(ConfigError, match=r"method.ops: grayscale cannot act on 1-channel images.*"
+                                          r"\['color_jitter', 'blur', 'flip', 'crop'\]"):
+        mast.attach_views([ViewGroup(augment_config("mast", 12, mean=(0.5,), std=(0.25,)), 2)])
+    mast.attach_views([ViewGroup(augment_config("mast", 12), 2)])  # channels unknown until the first batch
+    with pytest.raises(ConfigError, match="grayscale cannot act on 1-channel"):
+        mast.make_views(images(), step=0)
+    mast.attach_views([ViewGroup(augment_config("mast", 12, mean=(0.5,) * 3, std=(0.25,) * 3), 2)])  # colour: fine
+    with pytest.raises(ConfigError, match="method.labels"):
+        MASTConfig(labels="fired")
+
+
 def test_bad_settings_are_refused() -> None:
     backbone = build_backbone("resnet", block="basic", layers=[1], width=8, small_stem=True, in_channels=1)
     with pytest.raises(ConfigError, match="method.ops"):
