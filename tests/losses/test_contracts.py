@@ -1,0 +1,86 @@
+"""Edges of the losses that the value tests leave open (found by mutation testing, `make mutation`): the smallest
+batch each accepts and its exact refusal, the documented defaults, and hand values at the boundaries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from selfsup.losses.barlow import barlow_twins_loss
+from selfsup.losses.mae import mae_loss, normalized_patches, patch_mean_std, patchify
+from selfsup.losses.mast import mast_loss, masked_distance
+from selfsup.losses.msn import msn_loss, prototype_log_probs
+from selfsup.losses.multiview import barlow_twins_multiview_loss, vicreg_multiview_loss
+from selfsup.losses.vicreg import vicreg_loss
+
+TWO = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 1.0]])
+ONE = TWO[:1]
+
+
+@pytest.mark.parametrize("loss, message", [
+    (lambda z: barlow_twins_loss(z, z.flip(1)), r"Barlow Twins needs at least 2 samples in the \(global\) batch"),
+    (lambda z: vicreg_loss(z, z.flip(1)), r"VICReg needs at least 2 samples in the \(global\) batch to compute "
+                                          r"variances"),
+    (lambda z: barlow_twins_multiview_loss([z, z.flip(1)], 0.005), r"Barlow Twins needs at least 2 samples in the "
+                                                                    r"\(global\) batch"),
+    (lambda z: vicreg_multiview_loss([z, z.flip(1)]), r"VICReg needs at least 2 samples in the \(global\) batch to "
+                                                      r"compute variances"),
+    (lambda z: mast_loss(z, z.abs() + 1, z.flip(1), z.abs() + 1, torch.ones(3, 1), torch.ones(len(z), 1)),
+     r"MAST needs at least 2 samples in the \(global\) batch to compute variances"),
+])
+def test_two_samples_are_enough_one_is_refused_by_name(loss, message: str) -> None:
+    value, _ = loss(TWO)
+    assert torch.isfinite(value)
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        loss(ONE)
+
+
+@pytest.mark.parametrize("loss, name", [(lambda v: vicreg_multiview_loss(v), "multi-view VICReg"),
+                                        (lambda v: barlow_twins_multiview_loss(v, 0.005), "multi-view Barlow Twins")])
+def test_multiview_refusals_name_the_loss(loss, name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} needs at least 2 views per image, got 1;"):
+        loss([TWO])
+    with pytest.raises(ValueError, match=rf"^{name} needs the M views as \(N, d\) embeddings of one shape"):
+        loss([TWO, TWO[:, :2]])
+
+
+def test_documented_defaults() -> None:
+    """VICReg's 25 / 25 / 1 (Bardes et al. §4.2); MSN's tau 0.1, tau+ 0.025, 3 Sinkhorn steps, lambda 1 (App. A)."""
+    views = [TWO, TWO.flip(1), TWO + 1]
+    torch.testing.assert_close(vicreg_multiview_loss(views)[0], vicreg_multiview_loss(views, 25.0, 25.0, 1.0)[0])
+    g = torch.Generator().manual_seed(0)
+    anchor, target = torch.randn(6, 5, generator=g), torch.randn(3, 5, generator=g)
+    torch.testing.assert_close(msn_loss(anchor, target)[0], msn_loss(anchor, target, 0.1, 0.025, 3, 1.0, 0.0)[0])
+    s = torch.tensor([[1.0, 2.0, 4.0]])
+    expected = s / 0.5 - torch.log(torch.exp(s / 0.5).sum())  # log softmax(s / tau), no smoothing by default
+    torch.testing.assert_close(prototype_log_probs(s, 0.5), expected)
+
+
+def test_mae_edges_by_hand() -> None:
+    with pytest.raises(ValueError, match=r"^image size 4x6 is not divisible by the patch size 4$"):
+        patchify(torch.zeros(1, 1, 4, 6), 4)  # height fits, width does not
+    target = torch.tensor([[[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 0.0, 4.0]]])  # two patches
+    mean, std = patch_mean_std(target)
+    torch.testing.assert_close(mean, torch.tensor([[[3.0], [1.0]]]))
+    torch.testing.assert_close(std, torch.tensor([[[math.sqrt(14 / 3 + 1e-6)], [math.sqrt(4 + 1e-6)]]]))  # unbiased
+    torch.testing.assert_close(normalized_patches(target, eps=1.0)[0, 1], torch.tensor([-1.0, -1, -1, 3]) / math.sqrt(5))
+    prediction = torch.tensor([[[1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 0.0, 1.0]]])
+    one_masked = torch.tensor([[False, True]])  # the loss is that one patch's mean squared error
+    assert mae_loss(prediction, target, one_masked, norm_pix=False).item() == pytest.approx((0 + 1 + 0 + 9) / 4)
+    with pytest.raises(ValueError, match=r"^prediction \(1, 2, 4\), target \(1, 2, 3\) and mask \(1, 2\) must be "
+                                         r"\(B, N, P\), \(B, N, P\) and \(B, N\)$"):
+        mae_loss(prediction, target[..., :3], one_masked)
+    with pytest.raises(ValueError, match=r"and mask \(1, 1\) must be"):
+        mae_loss(prediction, target, one_masked[:, :1])
+
+
+def test_masked_distance_by_hand_over_two_samples() -> None:
+    """D_me (Eq. 2): mean over samples of sum_k active_ik ||(z_a - z_b) . m_k||^2."""
+    z_a = torch.tensor([[1.0, 2.0], [0.0, 1.0]])
+    z_b = torch.tensor([[0.0, 1.0], [2.0, 1.0]])
+    masks = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    active = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    # sample 0: k=0 1, k=1 4 * 1 = 4; sample 1: k=0 4 (k=1 inactive): (5 + 4) / 2
+    assert masked_distance(z_a, z_b, masks, active).item() == pytest.approx(4.5)
