@@ -30,8 +30,8 @@ def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
 
 def no_weight_decay_names(model: nn.Module) -> set[str]:
     """Full names of the parameters that modules list in their ``no_weight_decay()`` (timm's convention): the ViT's
-    ``cls_token`` and ``pos_embed``, MAE's ``mask_token``. The authors of MAE, MSN and ExtreMA take their ViTs from
-    timm/DeiT, which exclude these tokens by name; our rule names them instead of relying on their shape."""
+    ``cls_token`` and ``pos_embed``, MAE's ``mask_token``. The MAE, MSN and ExtreMA ViTs come from timm/DeiT, whose
+    ``no_weight_decay()`` lists these tokens; our rule names them instead of relying on their shape."""
     names: set[str] = set()
     for prefix, module in model.named_modules():
         listed = getattr(module, "no_weight_decay", None)
