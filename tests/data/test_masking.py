@@ -168,3 +168,27 @@ def test_unshuffle_puts_the_kept_tokens_back_at_their_positions() -> None:
     shuffled = keep[:, torch.randperm(keep.shape[1], generator=g)]  # any order of the kept indices
     kept = torch.gather(tokens, 1, shuffled.unsqueeze(-1).expand(-1, -1, 4))
     assert torch.equal(unshuffle(kept, shuffled, 10, fill), full)
+
+
+def test_argument_edges_of_multi_masks_and_keep_to_mask() -> None:
+    """The smallest valid arguments pass and wrong types are refused by name (mutation-testing survivors)."""
+    assert multi_mask_keep_indices(1, 1, num_masks=1, keep_per_mask=1).tolist() == [[[0]]]  # one patch, kept
+    assert multi_mask_keep_indices(2, 5, num_masks=1, keep_per_mask=5).tolist() == [[list(range(5))] * 2]  # all kept
+    for kwargs, key in [({"num_patches": 4.0}, "num_patches"), ({"num_patches": True}, "num_patches"),
+                        ({"num_masks": True}, "num_masks"), ({"keep_per_mask": True}, "keep_per_mask")]:
+        args = {"batch": 2, "num_patches": 4, "num_masks": 1, "keep_per_mask": 2, **kwargs}
+        with pytest.raises(ValueError, match=f"^{key} must be a"):
+            multi_mask_keep_indices(**args)
+    with pytest.raises(ValueError, match=r"^num_patches must be a positive int, got 4\.0$"):
+        multi_mask_keep_indices(2, 4.0, 1, 2)
+    assert keep_to_mask(torch.tensor([0, 2]), 4).tolist() == [False, True, False, True]  # one row: 1-D is fine
+    with pytest.raises(ValueError, match="^keep must have a last dimension of token indices, got a scalar$"):
+        keep_to_mask(torch.tensor(1), 4)
+
+
+def test_unshuffle_returns_the_tokens_dtype_whatever_the_fill() -> None:
+    from selfsup.data.masking import unshuffle
+
+    kept = torch.ones(1, 1, 2)
+    out = unshuffle(kept, torch.tensor([[1]]), 2, torch.zeros(2, dtype=torch.float64))  # e.g. an fp32 mask token
+    assert out.dtype == torch.float32 and out.tolist() == [[[0.0, 0.0], [1.0, 1.0]]]
