@@ -60,7 +60,8 @@ def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_d
     for param_name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        decayed = not (param.ndim <= 1 or getattr(param, "_no_weight_decay", False) or param_name in no_decay_names)
+        decayed = not (param.ndim <= 1 or getattr(param, "_no_weight_decay", False)
+                       or param_name in no_decay_names)
         lars = decayed or getattr(param, "_lars_without_weight_decay", False)
         name = encoder_params.get(id(param))
         if name is not None:
