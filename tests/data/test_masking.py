@@ -192,3 +192,24 @@ def test_unshuffle_returns_the_tokens_dtype_whatever_the_fill() -> None:
     kept = torch.ones(1, 1, 2)
     out = unshuffle(kept, torch.tensor([[1]]), 2, torch.zeros(2, dtype=torch.float64))  # e.g. an fp32 mask token
     assert out.dtype == torch.float32 and out.tolist() == [[[0.0, 0.0], [1.0, 1.0]]]
+
+
+def test_smallest_sizes_pass_and_booleans_are_refused() -> None:
+    assert num_keep(1, 0.5) == 1  # one patch: keep it
+    assert random_keep_indices(1, 4, 0.5).shape == (1, 2)  # a batch of one
+    with pytest.raises(ValueError, match="^num_patches must be a positive int, got True$"):
+        num_keep(True, 0.5)
+    with pytest.raises(ValueError, match="^batch must be a positive int, got True$"):
+        random_keep_indices(True, 4, 0.5)
+    with pytest.raises(ValueError, match="^6 disjoint masks of 12 visible tokens need 72 tokens but there are 64;"):
+        multi_mask_keep_indices(2, 64, num_masks=6, keep_per_mask=12)
+
+
+@pytest.mark.parametrize("disjoint", [True, False])
+def test_multi_masks_draw_from_the_given_generator_and_go_to_the_given_device(disjoint: bool) -> None:
+    state = torch.random.get_rng_state()
+    a = multi_mask_keep_indices(3, 16, 2, 4, disjoint, generator=torch.Generator().manual_seed(7))
+    b = multi_mask_keep_indices(3, 16, 2, 4, disjoint, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
+    assert multi_mask_keep_indices(3, 16, 2, 4, disjoint, device="meta").device.type == "meta"
+    assert random_keep_indices(3, 16, 0.5, device="meta").device.type == "meta"
