@@ -127,6 +127,8 @@ def test_schedule_edges_by_hand() -> None:
     counts = augmentation_count_schedule(3, 4, first_stage=0.5)
     assert counts.dtype == np.int64 and counts.tolist() == [1, 1, 1, 3]
     assert augmentation_count_schedule(3, 2, first_stage=1.0).tolist() == [1, 1]  # all of the run in stage 1
+    with pytest.raises(ValueError, match="^total_steps must be positive, got 0$"):
+        cosine_schedule(1.0, 0.0, 0)
     for args in [(0, 4, 0.5), (3, 0, 0.5), (3, 4, 1.5), (3, 4, -0.1)]:
         with pytest.raises(ValueError, match=r"^need num_ops >= 1, total_steps >= 1 and first_stage in \[0, 1\]; "
                                              rf"got {args[0]}, {args[1]}, {args[2]}$"):
