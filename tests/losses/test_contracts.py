@@ -23,10 +23,10 @@ ONE = TWO[:1]
     (lambda z: barlow_twins_loss(z, z.flip(1)), r"Barlow Twins needs at least 2 samples in the \(global\) batch"),
     (lambda z: vicreg_loss(z, z.flip(1)), r"VICReg needs at least 2 samples in the \(global\) batch to compute "
                                           r"variances"),
-    (lambda z: barlow_twins_multiview_loss([z, z.flip(1)], 0.005), r"Barlow Twins needs at least 2 samples in the "
-                                                                    r"\(global\) batch"),
-    (lambda z: vicreg_multiview_loss([z, z.flip(1)]), r"VICReg needs at least 2 samples in the \(global\) batch to "
-                                                      r"compute variances"),
+    (lambda z: barlow_twins_multiview_loss([z, z.flip(1), z + 1], 0.005), r"Barlow Twins needs at least 2 samples "
+                                                                           r"in the \(global\) batch"),  # M = 3
+    (lambda z: vicreg_multiview_loss([z, z.flip(1), z + 1]), r"VICReg needs at least 2 samples in the \(global\) "
+                                                             r"batch to compute variances"),
     (lambda z: mast_loss(z, z.abs() + 1, z.flip(1), z.abs() + 1, torch.ones(3, 1), torch.ones(len(z), 1)),
      r"MAST needs at least 2 samples in the \(global\) batch to compute variances"),
 ])
