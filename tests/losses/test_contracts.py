@@ -84,3 +84,33 @@ def test_masked_distance_by_hand_over_two_samples() -> None:
     active = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     # sample 0: k=0 1, k=1 4 * 1 = 4; sample 1: k=0 4 (k=1 inactive): (5 + 4) / 2
     assert masked_distance(z_a, z_b, masks, active).item() == pytest.approx(4.5)
+
+
+def test_mast_defaults_are_the_papers_coefficients() -> None:
+    """§3.2: lambda 25 d / K, lambda1 600 / (d K), lambda2 25, alpha 25, beta 1."""
+    g = torch.Generator().manual_seed(0)
+    mu_a, mu_b = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    var_a, var_b = torch.rand(4, 3, generator=g) + 0.5, torch.rand(4, 3, generator=g) + 0.5
+    masks, active = torch.rand(3, 2, generator=g), torch.ones(4, 2)
+    default, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, active)
+    by_hand = (25 * 3 / 2 * terms["distance"] + 600 / 6 * terms["sparsity"] + 25 * terms["kl"]
+               + 25 * terms["variance"] + terms["covariance"])
+    torch.testing.assert_close(default, by_hand)
+
+
+def test_mask_init_by_hand() -> None:
+    """App. A: column k is exp(-(j - c_k)^2 / (2 w^2)), c_k = (k + 1/2) d / K, w = d / (2K), plus N(0.2, 0.1^2)."""
+    from selfsup.losses.mast import init_masks
+
+    d, k = 8, 2
+    u = init_masks(d, k, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(d, k, generator=torch.Generator().manual_seed(0))
+    expected = torch.empty(d, k)
+    for j in range(d):
+        for col, centre in enumerate((2.0, 6.0)):  # w = 2
+            expected[j, col] = math.exp(-((j - centre) ** 2) / 8) + 0.2 + 0.1 * noise[j, col]
+    torch.testing.assert_close(u, expected)
+    assert init_masks(1, 1).shape == (1, 1)
+    for args in [(0, 1), (1, 0)]:
+        with pytest.raises(ValueError, match=rf"^masks need dim >= 1 and num_masks >= 1, got {args[0]}, {args[1]}$"):
+            init_masks(*args)
