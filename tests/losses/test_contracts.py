@@ -114,3 +114,41 @@ def test_mask_init_by_hand() -> None:
     for args in [(0, 1), (1, 0)]:
         with pytest.raises(ValueError, match=rf"^masks need dim >= 1 and num_masks >= 1, got {args[0]}, {args[1]}$"):
             init_masks(*args)
+
+
+def test_mast_distance_with_zero_variance_and_the_scale_free_form_by_hand() -> None:
+    """Eq. 4 with the 1e-6 guard when both variances are 0; ``scale_free``: each mask over its mean over the d
+    dimensions, the variances over half the sum of the two views' mean variance."""
+    from selfsup.losses.mast import masked_gaussian_distance
+
+    mu_a, mu_b = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0]])
+    zero = torch.zeros(1, 2)
+    value = masked_gaussian_distance(mu_a, zero, mu_b, zero, torch.tensor([[1.0], [1.0]]), torch.ones(1, 1))
+    assert value.item() == pytest.approx(2 * 1.0 / 1e-6, rel=1e-4)  # large and positive, not -2e6
+    mu_a = torch.tensor([[1.0, 2.0], [0.0, 1.0]])
+    mu_b = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    var_a = torch.tensor([[1.0, 2.0], [1.0, 1.0]])  # mean 1.25
+    var_b = torch.tensor([[3.0, 1.0], [1.0, 2.0]])  # mean 1.75: scale = 0.5 (1.25 + 1.75) = 1.5
+    masks = torch.tensor([[1.0, 0.0], [3.0, 2.0]])  # column means 2 and 1: normalised [[0.5, 0], [1.5, 2]]
+    active = torch.ones(2, 2)
+    m = [[0.5, 1.5], [0.0, 2.0]]  # m[k][j]
+    total = 0.0
+    for i in range(2):
+        for k in range(2):
+            num = sum(2 * (mu_a[i, j] - mu_b[i, j]) ** 2 * m[k][j] ** 2 for j in range(2))
+            den = sum((var_a[i, j] + var_b[i, j]) / 1.5 * m[k][j] for j in range(2))
+            total += num / (den + 1e-6)
+    _, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, active, scale_free=True)
+    assert terms["distance"].item() == pytest.approx(float(total) / 2, rel=1e-5)
+
+
+def test_extrema_and_msn_defaults_and_refusals() -> None:
+    from selfsup.losses.extrema import extrema_loss
+
+    q, t = TWO, TWO.flip(1)
+    torch.testing.assert_close(extrema_loss(q, t, "infonce"), extrema_loss(q, t, "infonce", 0.2))  # tau 0.2
+    with pytest.raises(ValueError, match="^unknown ExtreMA loss 'mse'; use 'byol' or 'infonce'$"):
+        extrema_loss(q, t, "mse")
+    with pytest.raises(ValueError, match=r"^msn_loss expects 2-D \(rows, prototypes\) similarities, got shapes "
+                                         r"\(2, 3\) and \(1, 2, 3\)$"):
+        msn_loss(TWO, TWO[None])
