@@ -4,6 +4,7 @@ batch each accepts and its exact refusal, the documented defaults, and hand valu
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -152,3 +153,23 @@ def test_extrema_and_msn_defaults_and_refusals() -> None:
     with pytest.raises(ValueError, match=r"^msn_loss expects 2-D \(rows, prototypes\) similarities, got shapes "
                                          r"\(2, 3\) and \(1, 2, 3\)$"):
         msn_loss(TWO, TWO[None])
+
+
+def test_infonce_keys_are_constants_by_default_and_bad_shapes_are_refused() -> None:
+    from selfsup.losses.infonce import info_nce_loss
+
+    query = TWO.clone().requires_grad_()
+    key = TWO.flip(1).clone().requires_grad_()
+    info_nce_loss(query, key, 0.2).backward()  # MoCo v3 / ExtreMA: no gradient into the keys
+    assert key.grad is None and query.grad is not None
+    for q, k in [(TWO, TWO[None]), (TWO[None], TWO), (TWO, TWO[:, :2]), (TWO[:1], TWO)]:
+        with pytest.raises(ValueError, match=rf"^query must be \(m \* B, d\) for keys \(B, d\); got "
+                                             rf"{re.escape(str(tuple(q.shape)))} and {re.escape(str(tuple(k.shape)))}$"):
+            info_nce_loss(q, k, 0.2)
+
+
+def test_msn_accepts_one_target_row_and_refuses_a_zero_temperature() -> None:
+    anchor, target = torch.tensor([[1.0, 0.0, 0.5], [0.2, 0.3, 0.1]]), torch.tensor([[0.5, 0.1, 0.0]])
+    assert torch.isfinite(msn_loss(anchor, target)[0])  # a batch of one image, two anchor views
+    with pytest.raises(ValueError, match=r"^temperatures must be positive, got tau=0.0, tau\+=0.025$"):
+        msn_loss(anchor, target, anchor_temperature=0.0)
