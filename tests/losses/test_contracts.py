@@ -111,6 +111,9 @@ def test_mask_init_by_hand() -> None:
         for col, centre in enumerate((2.0, 6.0)):  # w = 2
             expected[j, col] = math.exp(-((j - centre) ** 2) / 8) + 0.2 + 0.1 * noise[j, col]
     torch.testing.assert_close(u, expected)
+    u = init_masks(12, 2, generator=torch.Generator().manual_seed(1))  # w = 3: 2 w^2 = 18
+    noise = torch.randn(12, 2, generator=torch.Generator().manual_seed(1))
+    assert u[0, 0].item() == pytest.approx(math.exp(-9 / 18) + 0.2 + 0.1 * noise[0, 0].item(), rel=1e-6)  # c_0 = 3
     assert init_masks(1, 1).shape == (1, 1)
     for args in [(0, 1), (1, 0)]:
         with pytest.raises(ValueError, match=rf"^masks need dim >= 1 and num_masks >= 1, got {args[0]}, {args[1]}$"):
@@ -173,3 +176,12 @@ def test_msn_accepts_one_target_row_and_refuses_a_zero_temperature() -> None:
     assert torch.isfinite(msn_loss(anchor, target)[0])  # a batch of one image, two anchor views
     with pytest.raises(ValueError, match=r"^temperatures must be positive, got tau=0.0, tau\+=0.025$"):
         msn_loss(anchor, target, anchor_temperature=0.0)
+
+
+def test_msn_sinkhorn_steps_and_label_smoothing_reach_the_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    anchor, target = torch.randn(8, 5, generator=g), torch.randn(4, 5, generator=g)
+    values = [msn_loss(anchor, target, sinkhorn_iterations=n)[0].item() for n in (0, 1, 3)]
+    assert len({round(v, 6) for v in values}) == 3  # 0, 1 and 3 Sinkhorn steps give three different targets
+    smoothed = msn_loss(anchor, target, label_smoothing=0.1)[0].item()
+    assert smoothed != pytest.approx(values[2], rel=1e-4)
