@@ -1,13 +1,14 @@
 # Two entry points for a fresh Linux machine (see README):
 #   make quickstart   install, pretrain VICReg on Fashion-MNIST, evaluate beside raw pixels
 #   make test         install, run the test suite
+#   make mutation     mutation testing of the numeric core (long: hours on 2 cores; not in CI)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data quickstart test test-slow clean
+.PHONY: install data quickstart test test-slow mutation clean
 
 install: $(VENV)/.installed
 
@@ -38,5 +39,12 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
+# One worker: the machines are 2-core and shared. Config in pyproject.toml [tool.mutmut].
+# MUTANTS="selfsup.losses.*" restricts the run to matching mutant names.
+mutation: install
+	$(PY) -m pip install -q -e ".[dev]" $(TORCH)
+	$(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
+	$(VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) runs/quickstart
+	rm -rf $(VENV) runs/quickstart mutants

@@ -165,3 +165,19 @@ def test_snapshots_are_exported_along_the_run_and_evaluate_like_the_run(config, 
     capsys.readouterr()
     assert main(["eval", "knn", str(run / "snapshots" / "step_000002")]) == 0
     assert 0 < json.loads(capsys.readouterr().out.strip().splitlines()[-1])["knn_top1"] <= 100
+
+
+def test_pretrain_refuses_an_nnclr_queue_as_large_as_the_dataset(tmp_path, capsys) -> None:
+    """digits has 1,500 training images (its train split); a queue of 2,048 would hold every image's own last embedding."""
+    path = tmp_path / "nnclr.yaml"
+    path.write_text(CONFIG.replace("method: {name: vicreg, expander: [32, 32]}",
+                                   "method: {name: nnclr, projector: [16, 16, 8], predictor: [16, 8], queue_size: 2048}"))
+    assert main(["pretrain", str(path), f"trainer.out={tmp_path / 'run'}"]) == 2
+    assert "method.queue_size: 2048 >= the 1500 training images" in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+    stages = tmp_path / "stages.yaml"  # a stage's own method is checked too, on that stage's data fraction
+    stages.write_text(CONFIG.replace("method: {name: vicreg, expander: [32, 32]}",
+                                     "method: {name: nnclr, projector: [16, 16, 8], predictor: [16, 8], queue_size: 512}")
+                      + "stages: [{name: a}, {name: b, data: {fraction: 0.25}}]\n")
+    assert main(["pretrain", str(stages), f"trainer.out={tmp_path / 'run2'}"]) == 2
+    assert "method.queue_size: 512 >= the 375 training images" in error_line(capsys)

@@ -78,6 +78,8 @@ def test_stages_run_in_order_carry_weights_and_keep_frozen_parts(reference):
     trainable = {k for k in ct if k.startswith(("encoder.blocks.1.", "encoder.norm.", "projector.", "predictor."))
                  and not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     assert len(optimizer["state"]) == len(trainable)
+    # and the optimiser holds nothing else: a frozen parameter in a group (no gradient, so no state) would show here
+    assert sum(len(g["params"]) for g in optimizer["param_groups"]) == len(trainable)
     scales = sorted({round(g["lr_scale"], 6) for g in optimizer["param_groups"]})
     assert scales == [0.65, 1.0]  # block 1 of 2: 0.65^(2 - 1); final norm and heads 1
     head_wd = [g["wd_scale"] for g in optimizer["param_groups"] if g["lr_scale"] == 1.0 and g["apply_weight_decay"]]

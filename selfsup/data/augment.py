@@ -10,7 +10,8 @@ Each op is written as vectorised torch arithmetic over the whole batch (crop and
 bilinear ``F.grid_sample`` with per-sample affine grids; colour ops use per-sample factors), which
 on a 2-core CPU ran 2-4x faster than the equivalent kornia 0.9 pipeline in the same process.
 Crops are sub-pixel boxes and resampling has no antialiasing, so strongly shrinking a large crop
-aliases (as kornia's bilinear crop does). The colour formulas are torchvision's (the ones kornia's
+aliases (as kornia's bilinear crop does). The authors' pipelines (torchvision ``RandomResizedCrop`` in MSN, MAE
+and ExtreMA) resize bicubically; bilinear is a deliberate deviation (cheaper on a CPU), not their choice. The colour formulas are torchvision's (the ones kornia's
 ``ColorJitter`` reproduces; the tests compare them with kornia), and the four jitter ops run in one
 random order per call, as in kornia.
 

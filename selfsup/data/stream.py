@@ -224,6 +224,15 @@ class SubsetSource:
         return self.source.name(int(self.rows[index]))
 
 
+def split_size(d: DataConfig, split: str, fraction: float = 1.0) -> int:
+    """The number of images :func:`open_split` would give: image files are listed, not decoded; other formats are
+    loaded (they fit in memory). For checks that need the dataset's size before training."""
+    if d.dataset in STREAMABLE:
+        n = len(open_images(d.dataset, split, d.root))
+        return n if fraction >= 1 else max(1, round(fraction * n))
+    return len(load_dataset(d.dataset, split, root=d.root, fraction=fraction, seed=d.fraction_seed, progress=False))
+
+
 def open_split(d: DataConfig, split: str, image_size: int | None = None, channels: int | None = None,
                fraction: float = 1.0, progress: bool = True) -> ImageData | StreamedSplit:
     """A split as the config asks: decoded into memory (:class:`ImageData`), or listed for streaming.

@@ -8,6 +8,10 @@ the ViT blocks (the caller builds the backbone with it); the run's own training 
 batch. Weight decay skips biases and normalisation parameters. Optionally on a class-stratified seeded
 subset of the labels: a fraction (MAE's and ExtreMA's 1 % / 10 % semi-supervised protocol) or a number
 per class.
+
+Missing from MAE's recipe (App. A.1, used by MAE-CT too): Mixup (0.8), CutMix (1.0), RandAugment (m9, mstd 0.5)
+and Random Erasing (0.25); the batch is augmented with the run's own pretraining views instead. Numbers from here
+are therefore not comparable with the papers' fine-tuning results.
 """
 
 from __future__ import annotations

@@ -49,4 +49,12 @@ def build_method(spec: dict[str, Any], backbone: nn.Module, total_steps: int) ->
     return cls(backbone, cfg, total_steps)
 
 
-__all__ = ["METHODS", "StepOutput", "build_method", "method_config"]
+def check_dataset(spec: dict[str, Any], num_images: int, global_batch: int) -> None:
+    """Raise a ConfigError for ``method:`` settings that cannot train on ``num_images`` images (the method config's
+    optional ``check_dataset``). To be called where the training split's size is known, before building."""
+    _, cfg = method_config(spec)
+    if hasattr(cfg, "check_dataset"):
+        cfg.check_dataset(num_images, global_batch)
+
+
+__all__ = ["METHODS", "StepOutput", "build_method", "check_dataset", "method_config"]

@@ -37,8 +37,9 @@ class Method(Protocol):
 
     # The method's hyper-parameters: a dataclass, filled from ``method:`` in the YAML. Optionally with
     # ``warnings(global_batch) -> list[str]`` (settings that run but are probably wrong for this batch; logged
-    # when training starts) and ``check_batch(global_batch)`` (raise a ConfigError for settings that cannot run
-    # with this batch; checked before any work).
+    # when training starts), ``check_batch(global_batch)`` (raise a ConfigError for settings that cannot run
+    # with this batch; checked before any work) and ``check_dataset(num_images, global_batch)`` (the same once the
+    # training split's size is known: NNCLR's queue must stay below the number of images).
     Config: ClassVar[type]
     # The network that is monitored and exported for evaluation: the online encoder for VICReg/BT/BYOL, the EMA
     # target for MSN and ExtreMA. A method whose trained encoder is another copy names that one ``encoder``

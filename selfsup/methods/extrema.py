@@ -13,8 +13,9 @@ The instance representation is the late [CLS] after the CaiT class-attention blo
 (``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU (``method.head_norm``), so
 nothing depends on batch statistics. Views (the config's ``views`` list): one view is "1 aug" (the teacher sees the student's image
 unmasked); two views are the student's and the teacher's, e.g. ``{preset: extrema, num: 2, shared_crop: true}``
-for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder, as the authors
-evaluate it (main_lincls.py ``--eval_momentum``).
+for the paper's "shared crop + colour" (Tab. 4). The exported backbone is the teacher encoder (the authors' linear probe
+reads the momentum encoder, main_lincls.py ``--eval_momentum``, but without the final LayerNorm and behind a
+non-affine BatchNorm: ``eval_pool: cls_prenorm`` with the probes' standardisation; they fine-tune the student).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from selfsup.config import ConfigError, PositiveInt, Range, Temperature, Widths,
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
 from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
-from selfsup.models.heads import mlp
+from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
@@ -50,7 +51,8 @@ class ExtreMAConfig:
     momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
-    # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes)
+    # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes);
+    # "cls_prenorm" = that [CLS] before the final LayerNorm, the authors' linear-probe feature (+ a non-affine BN)
     eval_pool: Literal["cls", "mean", "cls_prenorm"] | None = None
 
     def __post_init__(self) -> None:
@@ -71,6 +73,10 @@ class ExtreMA(nn.Module):
             raise ConfigError("ExtreMA masks patch tokens and needs a ViT backbone (model.backbone vit_laptop, vit_tiny, "
                               "vit_small, vit_base or vit_custom, with model.params.num_class_attention_blocks: 2) whose "
                               "model.params.pool is cls (the paper) or mean; method.eval_pool picks the exported feature")
+        if not backbone.class_attention:
+            raise ConfigError("ExtreMA needs the late [CLS] of class-attention blocks: set "
+                              "model.params.num_class_attention_blocks: 2 (the paper's App. A: an early [CLS] that "
+                              "enters the blocks with the few visible patches fails to converge)")
         patches = backbone.num_patches
         keep = num_keep(patches, cfg.mask_ratio)
         if cfg.disjoint and cfg.num_masks * keep > patches:
@@ -81,6 +87,7 @@ class ExtreMA(nn.Module):
         self.encoder = backbone
         self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.head_norm, act="gelu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm=cfg.head_norm, act="gelu")
+        xavier_linears_(self)  # the authors' init of every Linear layer (ViT and heads), before the teacher copy
         self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):

@@ -26,6 +26,7 @@ from selfsup.config import ConfigError, Range, check_fields
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
 from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
 from selfsup.methods.base import StepOutput, check_values
+from selfsup.models.heads import xavier_linears_
 from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
 
@@ -62,11 +63,12 @@ class MAEDecoder(nn.Module):
                                     for _ in range(cfg.decoder_depth))
         self.norm = nn.LayerNorm(d, eps=1e-6)
         self.head = nn.Linear(d, encoder.patch_size ** 2 * encoder.in_channels)
-        for m in self.modules():  # the encoder's init (MAE: xavier-uniform Linear; here trunc-normal 0.02 as our ViT)
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+        xavier_linears_(self)  # MAE's initialize_weights: xavier-uniform Linear layers
         nn.init.normal_(self.mask_token, std=0.02)
+
+    def no_weight_decay(self) -> set[str]:
+        """The shared mask token gets no weight decay (named, as the ViT's tokens; its shape (D,) is irrelevant)."""
+        return {"mask_token"}
 
     def forward(self, latent: torch.Tensor, keep: torch.Tensor, has_cls: bool) -> torch.Tensor:
         x = self.embed(latent)
@@ -92,7 +94,7 @@ class MAE(nn.Module):
                               "(model.backbone vit_laptop, vit_tiny, vit_small, vit_base or vit_custom) whose "
                               "model.params.pool is cls or mean")
         self.cfg = cfg
-        self.encoder = backbone
+        self.encoder = xavier_linears_(backbone)  # MAE's init of the encoder's Linear layers (ours: trunc-normal)
         self.decoder = MAEDecoder(backbone, cfg)
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
 

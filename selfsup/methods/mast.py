@@ -56,6 +56,11 @@ class MASTConfig:
     scale_free: bool = False
     crop_p: Probability = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
     extra_p: Probability = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
+    # Which subspaces Eq. 4 trains for a pair: "drawn" (the ops sampled for it, the paper's wording) or "applied" (the
+    # drawn ops that fired on at least one of its two views: a drawn op fires with its probability, e.g. flip 0.5,
+    # grayscale 0.2, so many "drawn" labels name an op neither view got). Which trains better needs a held-out
+    # measurement that has not been made; the default stays "drawn".
+    labels: Literal["drawn", "applied"] = "drawn"
 
     def __post_init__(self) -> None:
         check_fields(self, "method.")
@@ -74,7 +79,11 @@ class MAST(nn.Module):
         self.backbone = backbone
         self.projector = GaussianHead(backbone.num_features, cfg.embedding_dim, cfg.trunk, cfg.variance)
         self.mask_params = nn.Parameter(init_masks(cfg.embedding_dim, len(cfg.ops)))  # U; M = ReLU(U)
-        self.mask_params._no_weight_decay = True  # type: ignore[attr-defined]  # the L1 term is their penalty
+        # No weight decay: the L1 term (lambda1 ||M||_1) is their penalty, and decay on U would also pull the dead
+        # (negative) entries of U towards 0, reviving them. LARS's trust ratio, though, as for any 2-D weight: at the
+        # ImageNet presets' lr 1.6 an unscaled step moved mask entries by ~6x their size.
+        self.mask_params._no_weight_decay = True  # type: ignore[attr-defined]
+        self.mask_params._lars_without_weight_decay = True  # type: ignore[attr-defined]
         self.extended = any(op not in MAST_OPS for op in cfg.ops)  # MAST-15 ops in use
         self.op_columns = [(MAST15_OPS if self.extended else MAST_OPS).index(op) for op in cfg.ops]
         self.register_buffer("op_counts", torch.from_numpy(augmentation_count_schedule(
@@ -91,19 +100,34 @@ class MAST(nn.Module):
         if len(groups) != 1 or groups[0].num != 2 or groups[0].crop is not None:
             raise ConfigError("MAST makes its own pair of views: give one view spec with num: 2 and no "
                               "shared_crop, e.g. views: [{preset: mast, num: 2}]")
+        mean = groups[0].augment.config.mean
+        if mean is not None:
+            self.check_ops_act_on(len(mean))
         self.augment = LabelledAugment(groups[0].augment.config, crop_p=self.cfg.crop_p,
                                        extra_p=self.cfg.extra_p if self.extended else None).to(self.mask_params.device)
 
+    def check_ops_act_on(self, channels: int) -> None:
+        """Refuse ops that cannot change an image of ``channels`` channels: a mask for them would learn nothing."""
+        if channels == 1 and "grayscale" in self.cfg.ops:
+            raise ConfigError("bad value for method.ops: grayscale cannot act on 1-channel images (its mask would "
+                              "train on pairs the op never changed); drop it from method.ops, e.g. "
+                              f"{[op for op in self.cfg.ops if op != 'grayscale']}")
+
     def make_views(self, images: torch.Tensor, step: int) -> list[torch.Tensor]:
-        """Two views of ``images`` ([0, 1]) made with the same drawn augmentations; remembers which (for Eq. 4)."""
+        """Two views of ``images`` ([0, 1]) made with the same drawn augmentations; remembers each pair's labels for
+        Eq. 4: the drawn ops, or (``labels: applied``) those that fired on at least one of the two views."""
         if self.augment is None:
             raise RuntimeError("MAST.attach_views(view_groups) must be called before make_views")
+        self.check_ops_act_on(images.shape[1])
         count = int(self.op_counts[min(step, len(self.op_counts) - 1)])
         active = sample_op_subsets(len(images), len(self.cfg.ops), count)
         enabled = torch.zeros(len(images), len(self.augment.ops), dtype=torch.bool)
         enabled[:, self.op_columns] = active
+        (view_a, applied_a), (view_b, applied_b) = (self.augment(images, enabled) for _ in range(2))
+        if self.cfg.labels == "applied":
+            active = (applied_a | applied_b)[:, self.op_columns]
         self.active = active.to(images.device)
-        return [self.augment(images, enabled)[0] for _ in range(2)]
+        return [view_a, view_b]
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         check_num_views("MAST", views, 2)

@@ -57,6 +57,20 @@ class NNCLRConfig:
             raise ConfigError(f"bad value for method.queue_size: {self.queue_size} is not a multiple of the global "
                               f"batch {global_batch}; use e.g. {max(1, self.queue_size // global_batch) * global_batch}")
 
+    def check_dataset(self, num_images: int, global_batch: int) -> None:
+        """Refuse a queue that holds a whole epoch: every image's own embedding from its last visit would be in the
+        support set, a self-positive (the authors exclude a sample's own id from the lookup; we have no ids).
+
+        Residual risk below the bound: an image drawn near the end of one epoch and near the start of the next is
+        still in the queue when it comes back, so some lookups can find its own earlier view; the fraction grows
+        as ``queue_size`` approaches the number of images (keep it a small fraction of the dataset)."""
+        if self.queue_size >= num_images:
+            fit = max(global_batch, (num_images // 4) // global_batch * global_batch)
+            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} >= the {num_images} training images: "
+                              f"the queue would hold each image's own earlier embedding, its nearest neighbour "
+                              f"(a self-positive); use method.queue_size={fit} (a multiple of trainer.batch_size "
+                              f"well below the dataset size) or more images")
+
 
 class NNCLR(nn.Module):
     """Encoder + projector + predictor, a support queue, optional EMA projector (NN path) and EMA encoder (export)."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from selfsup.models.heads import GaussianHead, GeM, Prototypes, mlp
+from selfsup.models.heads import GaussianHead, GeM, Prototypes, mlp, xavier_linears_
 from selfsup.models.resnet import ResNet, resnet18, resnet50
 from selfsup.models.vit import (
     VisionTransformer,
@@ -28,6 +28,7 @@ __all__ = [
     "VisionTransformer",
     "build_backbone",
     "mlp",
+    "xavier_linears_",
     "resnet18",
     "resnet50",
     "sincos_pos_embed_2d",

@@ -31,6 +31,18 @@ def _act(kind: str) -> nn.Module:
     return nn.ReLU(inplace=True) if kind == "relu" else nn.GELU()
 
 
+def xavier_linears_(module: nn.Module) -> nn.Module:
+    """Re-initialise every ``nn.Linear`` in ``module`` xavier-uniform, bias 0: the init of MAE's and ExtreMA's code
+    (``torch.nn.init.xavier_uniform_`` in ``initialize_weights``) for their ViT blocks and heads; our default is
+    DeiT's trunc-normal(0.02). Other layers (LayerNorm, patch embedding, tokens) keep their init."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return module
+
+
 def mlp(
     dims: Sequence[int],
     norm: Literal["batch", "layer", "none"] = "batch",

@@ -351,6 +351,10 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self._init_weights()
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters excluded from weight decay by name (timm/DeiT, as the MAE, MSN and ExtreMA code use them)."""
+        return {"cls_token", "pos_embed"}
+
     # ------------------------------------------------------------------ init
     def _init_weights(self) -> None:
         """DeiT/MSN init: trunc-normal(0.02) for Linear, LN (1, 0); patch embed as a Linear

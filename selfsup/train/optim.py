@@ -28,32 +28,51 @@ def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
     return {name: stages.get(name, 0 if name.startswith("stem.") else num_layers + 1) for name in names}, num_layers
 
 
+def no_weight_decay_names(model: nn.Module) -> set[str]:
+    """Full names of the parameters that modules list in their ``no_weight_decay()`` (timm's convention): the ViT's
+    ``cls_token`` and ``pos_embed``, MAE's ``mask_token``. The MAE, MSN and ExtreMA ViTs come from timm/DeiT, whose
+    ``no_weight_decay()`` lists these tokens; our rule names them instead of relying on their shape."""
+    names: set[str] = set()
+    for prefix, module in model.named_modules():
+        listed = getattr(module, "no_weight_decay", None)
+        if callable(listed):
+            names.update(f"{prefix}.{name}" if prefix else name for name in listed())
+    return names
+
+
 def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_decay: float = 1.0,
                      head_lr_scale: float = 1.0, head_wd_scale: float = 1.0) -> list[dict]:
     """Trainable parameters grouped by lr scale and weight decay; frozen ones (``requires_grad=False``) get none.
 
-    Biases, norm parameters, 1-D tensors and parameters marked ``_no_weight_decay = True`` get no weight decay;
-    LARS skips its trust ratio on them too (as in BYOL and VICReg). Parameters of ``encoder`` in layer l of L
-    (:func:`layer_ids`) get ``lr_scale = layer_decay^(L + 1 - l)``; parameters outside it (the heads) get
-    ``head_lr_scale`` and ``head_wd_scale``. The engine sets each group's lr and weight decay per step as the
+    Biases, norm parameters, 1-D tensors, parameters a module names in ``no_weight_decay()`` (the ViT's tokens and
+    positions, :func:`no_weight_decay_names`) and parameters marked ``_no_weight_decay = True`` get no weight
+    decay. LARS skips its trust ratio on them too (as in BYOL, VICReg and MSN's code), except for parameters marked
+    ``_lars_without_weight_decay = True`` (MAST's masks: their L1 term is their only penalty, but at the
+    ImageNet presets' lr 1.6 a plain SGD step would move them by several times their size). Parameters of
+    ``encoder`` in layer l of L (:func:`layer_ids`) get ``lr_scale = layer_decay^(L + 1 - l)``; parameters outside
+    it (the heads) get ``head_lr_scale`` and ``head_wd_scale``. The engine sets each group's lr and weight decay per step as the
     schedule's value times these scales.
     """
     ids, num_layers = layer_ids(encoder) if encoder is not None else ({}, 0)
     encoder_params = {id(p): name for name, p in encoder.named_parameters()} if encoder is not None else {}
-    groups: dict[tuple[float, float, bool], list[nn.Parameter]] = {}
-    for param in model.parameters():
+    no_decay_names = no_weight_decay_names(model)
+    groups: dict[tuple[float, float, bool, bool], list[nn.Parameter]] = {}
+    for param_name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        decayed = not (param.ndim <= 1 or getattr(param, "_no_weight_decay", False))
+        decayed = not (param.ndim <= 1 or getattr(param, "_no_weight_decay", False)
+                       or param_name in no_decay_names)
+        lars = decayed or getattr(param, "_lars_without_weight_decay", False)
         name = encoder_params.get(id(param))
         if name is not None:
             lr_scale, wd_scale = layer_decay ** (num_layers + 1 - ids[name]), 1.0
         else:
             lr_scale, wd_scale = (head_lr_scale, head_wd_scale) if encoder is not None else (1.0, 1.0)
-        groups.setdefault((lr_scale, wd_scale, decayed), []).append(param)
+        groups.setdefault((lr_scale, wd_scale, decayed, lars), []).append(param)
     return [{"params": params, "lr_scale": lr_scale, "wd_scale": wd_scale if decayed else 0.0,
-             "apply_weight_decay": decayed, "apply_lars": decayed, **({} if decayed else {"weight_decay": 0.0})}
-            for (lr_scale, wd_scale, decayed), params in sorted(groups.items(), key=lambda item: (-item[0][0], -item[0][2]))]
+             "apply_weight_decay": decayed, "apply_lars": lars, **({} if decayed else {"weight_decay": 0.0})}
+            for (lr_scale, wd_scale, decayed, lars), params
+            in sorted(groups.items(), key=lambda item: (-item[0][0], -item[0][2], -item[0][3]))]
 
 
 class LARS(torch.optim.Optimizer):

@@ -111,13 +111,19 @@ def test_multi_mask_disjoint_too_many_raises() -> None:
         multi_mask_keep_indices(2, 64, num_masks=6, keep_per_mask=12)
 
 
-def test_multi_mask_independent_masks_may_overlap() -> None:
+def test_multi_mask_independent_masks_overlap_as_independent_draws() -> None:
+    """Two independent uniform 8-of-16 sets share 8 * 8 / 16 = 4 tokens on average (hypergeometric mean)."""
     torch.manual_seed(0)
-    keep = multi_mask_keep_indices(50, 16, num_masks=3, keep_per_mask=8, disjoint=False)
-    assert keep.shape == (3, 50, 8)
+    keep = multi_mask_keep_indices(200, 16, num_masks=3, keep_per_mask=8, disjoint=False)
+    assert keep.shape == (3, 200, 8)
     assert (keep[..., 1:] > keep[..., :-1]).all()
-    overlap = (~keep_to_mask(keep, 16)).sum(dim=0)
-    assert overlap.max() >= 2  # 3 x 8 > 16, so tokens must repeat across masks
+    visible = (~keep_to_mask(keep, 16)).float()  # (3, 200, 16)
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        shared = (visible[a] * visible[b]).sum(dim=1)  # tokens visible in both masks, per image
+        assert shared.mean().item() == pytest.approx(4.0, abs=0.3)  # sd of the mean ~ 1.03 / sqrt(200) = 0.07
+        assert shared.min() < 8  # identical masks would share all 8 tokens
+    # each mask on its own is uniform over the tokens: every token visible in about half the images
+    assert visible.mean(dim=1).sub(0.5).abs().max().item() < 0.15
 
 
 def test_multi_mask_determinism_and_bad_args() -> None:
@@ -162,3 +168,48 @@ def test_unshuffle_puts_the_kept_tokens_back_at_their_positions() -> None:
     shuffled = keep[:, torch.randperm(keep.shape[1], generator=g)]  # any order of the kept indices
     kept = torch.gather(tokens, 1, shuffled.unsqueeze(-1).expand(-1, -1, 4))
     assert torch.equal(unshuffle(kept, shuffled, 10, fill), full)
+
+
+def test_argument_edges_of_multi_masks_and_keep_to_mask() -> None:
+    """The smallest valid arguments pass and wrong types are refused by name (mutation-testing survivors)."""
+    assert multi_mask_keep_indices(1, 1, num_masks=1, keep_per_mask=1).tolist() == [[[0]]]  # one patch, kept
+    assert multi_mask_keep_indices(2, 5, num_masks=1, keep_per_mask=5).tolist() == [[list(range(5))] * 2]  # all kept
+    for kwargs, key in [({"num_patches": 4.0}, "num_patches"), ({"num_patches": True}, "num_patches"),
+                        ({"num_masks": True}, "num_masks"), ({"keep_per_mask": True}, "keep_per_mask")]:
+        args = {"batch": 2, "num_patches": 4, "num_masks": 1, "keep_per_mask": 2, **kwargs}
+        with pytest.raises(ValueError, match=f"^{key} must be a"):
+            multi_mask_keep_indices(**args)
+    with pytest.raises(ValueError, match=r"^num_patches must be a positive int, got 4\.0$"):
+        multi_mask_keep_indices(2, 4.0, 1, 2)
+    assert keep_to_mask(torch.tensor([0, 2]), 4).tolist() == [False, True, False, True]  # one row: 1-D is fine
+    with pytest.raises(ValueError, match="^keep must have a last dimension of token indices, got a scalar$"):
+        keep_to_mask(torch.tensor(1), 4)
+
+
+def test_unshuffle_returns_the_tokens_dtype_whatever_the_fill() -> None:
+    from selfsup.data.masking import unshuffle
+
+    kept = torch.ones(1, 1, 2)
+    out = unshuffle(kept, torch.tensor([[1]]), 2, torch.zeros(2, dtype=torch.float64))  # e.g. an fp32 mask token
+    assert out.dtype == torch.float32 and out.tolist() == [[[0.0, 0.0], [1.0, 1.0]]]
+
+
+def test_smallest_sizes_pass_and_booleans_are_refused() -> None:
+    assert num_keep(1, 0.5) == 1  # one patch: keep it
+    assert random_keep_indices(1, 4, 0.5).shape == (1, 2)  # a batch of one
+    with pytest.raises(ValueError, match="^num_patches must be a positive int, got True$"):
+        num_keep(True, 0.5)
+    with pytest.raises(ValueError, match="^batch must be a positive int, got True$"):
+        random_keep_indices(True, 4, 0.5)
+    with pytest.raises(ValueError, match="^6 disjoint masks of 12 visible tokens need 72 tokens but there are 64;"):
+        multi_mask_keep_indices(2, 64, num_masks=6, keep_per_mask=12)
+
+
+@pytest.mark.parametrize("disjoint", [True, False])
+def test_multi_masks_draw_from_the_given_generator_and_go_to_the_given_device(disjoint: bool) -> None:
+    state = torch.random.get_rng_state()
+    a = multi_mask_keep_indices(3, 16, 2, 4, disjoint, generator=torch.Generator().manual_seed(7))
+    b = multi_mask_keep_indices(3, 16, 2, 4, disjoint, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
+    assert multi_mask_keep_indices(3, 16, 2, 4, disjoint, device="meta").device.type == "meta"
+    assert random_keep_indices(3, 16, 0.5, device="meta").device.type == "meta"

@@ -110,12 +110,15 @@ def test_inactive_subspaces_and_zero_masks_are_inert() -> None:
 
 
 def test_sparsity_gradient_flows_only_through_positive_mask_parameters() -> None:
+    """lambda1 ||M||_1 with lambda1 = 600 / (d K) (§3.2): d/dU of the loss itself is 600 / (d K) where U > 0."""
     mu_a, var_a, mu_b, var_b, _, active = gaussians(6)
     u = torch.randn(D, K, dtype=torch.float64, requires_grad=True)
-    _, terms = mast_loss(mu_a, var_a, mu_b, var_b, torch.relu(u), active)
-    torch.relu(u).sum().backward()
+    loss, terms = mast_loss(mu_a, var_a, mu_b, var_b, torch.relu(u), active, invariance_weight=0.0, kl_weight=0.0,
+                            var_weight=0.0, cov_weight=0.0)
+    loss.backward()
     assert terms["sparsity"].item() == pytest.approx(torch.relu(u).sum().item())
-    assert torch.equal(u.grad, (u > 0).double())
+    assert loss.item() == pytest.approx(600 / (8 * 4) * torch.relu(u).sum().item(), rel=1e-12)  # d = 8, K = 4
+    assert torch.allclose(u.grad, 600 / (8 * 4) * (u > 0).double(), rtol=1e-12, atol=0)
 
 
 def test_lambda_follows_the_number_of_active_subspaces() -> None:

@@ -58,21 +58,33 @@ def test_student_sees_only_kept_tokens_and_one_teacher_pass_serves_every_mask(ra
 
 @pytest.mark.parametrize("loss", ["byol", "infonce"])
 def test_step_is_the_extrema_loss_of_masked_student_views_against_the_full_teacher(loss: str) -> None:
-    method = _method(mask_ratio=0.75, num_masks=3, loss=loss, temperature=0.3)
-    student_view, teacher_view = _views()
+    """Sec. 3 written out per mask and image: mean_{m,i} 2 - 2 <q_mi, t_i> / (|q_mi| |t_i|) (BYOL), or MoCo v3's
+    -log softmax_i(<q_mi, t_j> / tau) * 2 tau over the teacher keys t_j of the batch (InfoNCE)."""
+    method = _method(mask_ratio=0.75, num_masks=3, loss=loss, temperature=0.05)
+    with torch.no_grad():  # student and teacher apart, and far from init (where every image has the same [CLS])
+        for p in method.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    contrast = torch.linspace(-3, 3, B).view(B, 1, 1, 1)  # images that a random ViT tells apart
+    student_view, teacher_view = (view * contrast for view in _views())
     torch.manual_seed(5)
     out = method([student_view, teacher_view])
     torch.manual_seed(5)  # the same masks, drawn by hand
     keep = multi_mask_keep_indices(B, 64, 3, 16)
     with torch.no_grad():
-        q = method.predictor(method.projector(method.encoder(student_view, keep.flatten(0, 1))))
-        t = method.target.module(teacher_view)
-        cos = nn.functional.cosine_similarity(q.view(3, B, -1), t[None], dim=-1)
-        if loss == "byol":
-            expected = (2 - 2 * cos).mean()
-        else:
-            logits = nn.functional.normalize(q, dim=1) @ nn.functional.normalize(t, dim=1).t() / 0.3
-            expected = nn.functional.cross_entropy(logits, torch.arange(3 * B) % B) * 0.6
+        q = [method.predictor(method.projector(method.encoder(student_view, keep[m]))) for m in range(3)]
+        teacher_vit, teacher_head = method.target.module
+        t = teacher_head(teacher_vit.forward_features(teacher_view)["cls"])  # the teacher's full-image [CLS]
+        terms = []
+        for m in range(3):
+            for i in range(B):
+                if loss == "byol":
+                    terms.append(2 - 2 * (q[m][i] @ t[i]) / (q[m][i].norm() * t[i].norm()))
+                else:
+                    logits = torch.stack([q[m][i] @ t[j] / (q[m][i].norm() * t[j].norm()) for j in range(B)]) / 0.05
+                    terms.append(-(logits[i] - torch.logsumexp(logits, 0)) * 0.1)
+        expected = torch.stack(terms).mean()
+    if loss == "infonce":
+        assert abs(expected.item() - 0.1 * math.log(B)) > 0.05  # not the collapsed value log B
     torch.testing.assert_close(out.loss.detach(), expected)
 
 
@@ -165,6 +177,23 @@ def test_eval_pool_changes_the_export_not_the_trained_representation() -> None:
     assert method.encoder.pool == "cls" and _method().export_params == {"pool": "cls"}
 
 
+def test_eval_pool_cls_prenorm_exports_the_authors_probe_feature() -> None:
+    """main_lincls.py: the teacher's class-attention [CLS] without the final LayerNorm."""
+    method = _method(eval_pool="cls_prenorm")
+    x = _views(1)[0]
+    with torch.no_grad():
+        teacher = method.backbone
+        cls = teacher.cls_token.expand(B, -1, -1)
+        patches = teacher.embed_patches(x)
+        for block in teacher.blocks:
+            patches = block(patches)
+        for block in teacher.ca_blocks:
+            cls = block(cls, patches)
+        torch.testing.assert_close(teacher(x), cls[:, 0])
+        assert not torch.allclose(teacher(x), teacher.forward_features(x)["cls"])
+    assert method.export_params == {"pool": "cls_prenorm"} and method.encoder.pool == "cls"
+
+
 def test_batchnorm_heads_option() -> None:
     method = _method(head_norm="batch")
     assert any(isinstance(m, nn.BatchNorm1d) for m in method.projector.modules())
@@ -183,6 +212,10 @@ def test_bad_backbones_and_options_fail_clearly() -> None:
         _method(predictor=[48, 8])
     with pytest.raises(ConfigError, match="pool is cls"):
         _method(backbone=_vit(pool="cls_prenorm"))
+    early_cls = build_backbone("vit_custom", img_size=SIZE, patch_size=PATCH, in_channels=3, embed_dim=D, depth=2,
+                               num_heads=2)  # [CLS] enters the blocks with the patches: App. A, does not converge
+    with pytest.raises(ConfigError, match="model.params.num_class_attention_blocks: 2"):
+        _method(backbone=early_cls)
     for key, value in [("mask_ratio", 1.0), ("num_masks", 0), ("loss", "mse"), ("temperature", 0.0),
                        ("momentum_horizon", 2.0), ("head_norm", "group"), ("eval_pool", "max")]:
         with pytest.raises(ConfigError, match=f"method.{key}"):

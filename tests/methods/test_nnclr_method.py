@@ -65,16 +65,43 @@ def test_gradients_reach_the_heads_and_trainable_blocks_only() -> None:
             assert p.grad is None, name
         elif name.startswith(("projector.", "predictor.", "encoder.blocks.3.")):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
-    assert all(not b.requires_grad for b in method.queue.buffers())
+    assert not any(name.startswith("queue") for name, _ in method.named_parameters())  # the support set is not trained
 
 
 def test_batchnorm_statistics_are_per_view() -> None:
     method = _method()
     x1 = torch.randn(8, 1, 8, 8)
-    torch.manual_seed(1)
-    first = method.projector(method.encoder(x1))
-    method([x1, torch.randn(8, 1, 8, 8) * 5])  # another second view
-    torch.testing.assert_close(method.projector(method.encoder(x1)), first)  # BN's output: this view's batch only
+    with torch.no_grad():
+        alone = method.projector(method.encoder(x1))  # train-mode BN: statistics of this view's batch only
+    out = method([x1, torch.randn(8, 1, 8, 8) * 5 + 3])  # a very different second view
+    torch.testing.assert_close(out.embeddings, alone)  # the step's z1 did not see view 2's statistics
+
+
+def test_ema_projector_is_the_nearest_neighbour_path_and_follows_the_ema_formula() -> None:
+    """MAE-CT Alg. 1: the lookup key and the enqueued vector come from the EMA projector, not the online one."""
+    method = _method(projector_momentum=0.75)
+    with torch.no_grad():
+        for p in method.projector.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # the online projector now differs from its EMA copy
+    ema_before = [p.clone() for p in method.projector_ema.module.parameters()]
+    x1, x2 = torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)
+    queue_before = method.queue.features.clone()
+    out = method([x1, x2])
+    with torch.no_grad():
+        y = [method.encoder(x) for x in (x1, x2)]
+        key = [F.normalize(method.projector_ema.module(yi), dim=1) for yi in y]
+        online = [F.normalize(method.projector(yi), dim=1) for yi in y]
+        p = [F.normalize(method.predictor(method.projector(yi)), dim=1) for yi in y]
+        nn1, nn2 = (queue_before[(ki @ queue_before.t()).argmax(1)] for ki in key)
+        by_hand = 0.5 * (F.cross_entropy(nn1 @ p[1].t() / 0.15, torch.arange(8))
+                         + F.cross_entropy(nn2 @ p[0].t() / 0.15, torch.arange(8)))
+    assert not torch.allclose(key[0], online[0], atol=1e-3)  # the two paths are distinguishable
+    torch.testing.assert_close(out.loss.detach(), by_hand)
+    online_params = [p.detach().clone() for p in method.projector.parameters()]
+    method.after_step(0)
+    torch.testing.assert_close(method.queue.features[:8], key[0])  # enqueued from the EMA projector
+    for b, e, s in zip(ema_before, method.projector_ema.module.parameters(), online_params):
+        torch.testing.assert_close(e, 0.75 * b + 0.25 * s)
 
 
 def test_ema_copies_restart_from_carried_weights_and_follow_the_ema_formula() -> None:
@@ -106,6 +133,19 @@ def test_bad_settings_name_the_key() -> None:
     NNCLRConfig(queue_size=1000).check_batch(100)
     with pytest.raises(ConfigError, match="method.queue_size: 1000 is not a multiple of the global batch 96; use e.g. 960"):
         NNCLRConfig(queue_size=1000).check_batch(96)
+
+
+def test_a_queue_holding_the_whole_dataset_is_refused() -> None:
+    from selfsup.methods import check_dataset
+
+    spec = {"name": "nnclr", "queue_size": 2048}
+    check_dataset(spec, 60000, 256)  # Fashion-MNIST: fine
+    check_dataset(spec, 2049, 256)
+    for images, fit in ((2048, 512), (1797, 256)):  # a queue of the dataset's size or more holds every image's own
+        with pytest.raises(ConfigError, match=f"method.queue_size: 2048 >= the {images} training images.*"  # last
+                                              f"use method.queue_size={fit}"):  # a quarter of the data, in batches
+            check_dataset(spec, images, 256)
+    check_dataset({"name": "vicreg"}, 10, 256)  # methods without a queue have no such check
 
 
 # ------------------------------------------------------------------------------- DDP

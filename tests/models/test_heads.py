@@ -170,3 +170,33 @@ def test_gaussian_head_vector_input_is_a_1x1_map() -> None:
     torch.testing.assert_close(var_v, var_m)
     with pytest.raises(ValueError, match=r"\(B, 6, H, W\)"):
         head(torch.rand(3, 7))
+
+
+def test_mae_and_extrema_initialise_their_linear_layers_xavier_uniform() -> None:
+    """MAE's / ExtreMA's initialize_weights: U(-a, a), a = sqrt(6 / (fan_in + fan_out)); bias 0 (ours: trunc-normal)."""
+    import math
+
+    from selfsup.methods import build_method
+    from selfsup.models import build_backbone
+
+    def check(linear: nn.Linear) -> None:
+        bound = math.sqrt(6 / (linear.in_features + linear.out_features))
+        w = linear.weight.detach()
+        assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound  # trunc-normal(0.02) stays below 0.04
+        assert w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.15)
+        assert linear.bias is None or torch.count_nonzero(linear.bias) == 0
+
+    torch.manual_seed(0)
+    vit = build_backbone("vit_custom", img_size=8, patch_size=4, in_channels=1, embed_dim=32, depth=1, num_heads=2)
+    mae = build_method({"name": "mae", "decoder_dim": 32, "decoder_depth": 1, "decoder_heads": 2}, vit, 1)
+    for linear in (vit.blocks[0].attn.qkv, vit.blocks[0].mlp.fc2, mae.decoder.embed, mae.decoder.blocks[0].attn.proj,
+                   mae.decoder.head):
+        check(linear)
+    vit = build_backbone("vit_custom", img_size=8, patch_size=4, in_channels=1, embed_dim=32, depth=1, num_heads=2,
+                         num_class_attention_blocks=1)
+    extrema = build_method({"name": "extrema", "projector": [64, 64, 16], "predictor": [64, 16], "mask_ratio": 0.5,
+                            "num_masks": 1}, vit, 1)
+    for linear in (vit.blocks[0].attn.qkv, vit.ca_blocks[0].attn.kv, extrema.projector[0], extrema.predictor[-1]):
+        check(linear)
+    teacher = dict(extrema.target.module.named_parameters())  # the teacher starts as the (re-initialised) student
+    assert all(torch.equal(p, teacher[f"0.{n}"]) for n, p in vit.named_parameters())

@@ -296,19 +296,46 @@ def test_class_attention_blocks_do_not_change_patch_tokens() -> None:
     torch.testing.assert_close(after["patch_tokens"], model.norm(tokens))
 
 
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)  # biased, as LayerNorm
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
 def test_class_attention_block_matches_the_cait_equations() -> None:
+    """CaiT Sec. 3 written out per sample and head from the weights (no call to the block's layers):
+    z = LN1([c; X]); q = W_q z_0, k = W_k z, v = W_v z; A = softmax(q k^T / sqrt(d_h));
+    c' = c + g1 W_o (A v); c'' = c' + g2 MLP(LN2(c'))."""
     torch.manual_seed(0)
-    block = ClassAttentionBlock(8, 2, 2.0, True, 1e-6, 0.1)
-    cls, patches = torch.randn(3, 1, 8), torch.randn(3, 5, 8)
-    u = block.norm1(torch.cat([cls, patches], 1))
-    q = block.attn.q(u[:, :1]).reshape(3, 1, 2, 4).transpose(1, 2)
-    k, v = block.attn.kv(u).reshape(3, 6, 2, 2, 4).permute(2, 0, 3, 1, 4)
-    attn = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)  # sqrt(head dim 4) = 2
-    c = cls + 0.1 * block.attn.proj((attn @ v).transpose(1, 2).reshape(3, 1, 8))
-    c = c + 0.1 * block.mlp(block.norm2(c))
-    torch.testing.assert_close(block(cls, patches), c)
+    dim, heads, hd = 8, 2, 4
+    block = ClassAttentionBlock(dim, heads, 2.0, True, 1e-6, 0.1)
+    with torch.no_grad():  # LN affine and LayerScale away from their init, so that a swap shows
+        for p in (block.norm1.weight, block.norm1.bias, block.norm2.weight, block.norm2.bias,
+                  block.gamma_1, block.gamma_2):
+            p.add_(0.3 * torch.randn_like(p))
+    w = {k: v.detach() for k, v in block.state_dict().items()}
+    cls, patches = torch.randn(3, 1, dim), torch.randn(3, 5, dim)
+    expected = torch.empty(3, 1, dim)
+    for b in range(3):
+        z = _layer_norm(torch.cat([cls[b], patches[b]]), w["norm1.weight"], w["norm1.bias"])  # (6, 8)
+        q = z[0] @ w["attn.q.weight"].T + w["attn.q.bias"]  # (8,)
+        kv = z @ w["attn.kv.weight"].T + w["attn.kv.bias"]  # (6, 16): keys first, then values
+        k, v = kv[:, :dim], kv[:, dim:]
+        heads_out = []
+        for h in range(heads):
+            part = slice(h * hd, (h + 1) * hd)
+            scores = (k[:, part] @ q[part]) / hd ** 0.5
+            a = torch.exp(scores - scores.max())
+            heads_out.append((a / a.sum()) @ v[:, part])
+        attended = torch.cat(heads_out) @ w["attn.proj.weight"].T + w["attn.proj.bias"]
+        c = cls[b, 0] + w["gamma_1"] * attended
+        u = _layer_norm(c, w["norm2.weight"], w["norm2.bias"])
+        hidden = u @ w["mlp.fc1.weight"].T + w["mlp.fc1.bias"]
+        hidden = 0.5 * hidden * (1 + torch.erf(hidden / 2 ** 0.5))  # exact GELU
+        expected[b, 0] = c + w["gamma_2"] * (hidden @ w["mlp.fc2.weight"].T + w["mlp.fc2.bias"])
+    torch.testing.assert_close(block(cls, patches), expected)
     # permutation invariance over the patch tokens
-    torch.testing.assert_close(block(cls, patches[:, [4, 2, 0, 1, 3]]), c)
+    torch.testing.assert_close(block(cls, patches[:, [4, 2, 0, 1, 3]]), expected)
 
 
 # ------------------------------------------------------------------ freezing, layer ids, misc

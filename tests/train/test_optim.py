@@ -124,3 +124,43 @@ def test_layer_decay_groups_scale_each_block_and_the_heads_have_their_own_lr_and
     # without an encoder: one lr scale, the usual decay / no-decay split
     plain = parameter_groups(model)
     assert [(g["lr_scale"], g["apply_weight_decay"]) for g in plain] == [(1.0, True), (1.0, False)]
+
+
+def _group_of(groups: list[dict], param: torch.Tensor) -> dict:
+    (group,) = [g for g in groups if any(p is param for p in g["params"])]
+    return group
+
+
+def test_vit_tokens_and_positions_get_no_weight_decay_by_name() -> None:
+    """DeiT/timm's ``no_weight_decay()`` (cls_token, pos_embed), which the MAE, MSN and ExtreMA ViTs inherit; MAE's
+    mask token likewise. The 3-D [CLS] used to slip past the ``ndim <= 1`` rule."""
+    from selfsup.methods.mae import MAE, MAEConfig
+    from selfsup.models.vit import VisionTransformer
+
+    vit = VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=1, num_heads=2,
+                            pos_embed="learned")
+    mae = MAE(vit, MAEConfig(decoder_dim=8, decoder_depth=1, decoder_heads=2), total_steps=1)
+    groups = parameter_groups(mae, vit)
+    for param in (vit.cls_token, vit.pos_embed, mae.decoder.mask_token):
+        group = _group_of(groups, param)
+        assert not group["apply_weight_decay"] and group["wd_scale"] == 0.0 and group["weight_decay"] == 0.0
+    for param in (vit.blocks[0].attn.qkv.weight, vit.patch_embed.weight, mae.decoder.embed.weight):
+        assert _group_of(groups, param)["apply_weight_decay"]
+
+
+def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
+    """One LARS step on the masks: lr * eta * ||U|| / ||g|| * g (You et al. 2017), no decay term (the L1 is theirs)."""
+    from selfsup.methods.mast import MAST, MASTConfig
+    from selfsup.models import build_backbone
+
+    backbone = build_backbone("resnet", block="basic", layers=[1], width=4, small_stem=True, in_channels=1)
+    mast = MAST(backbone, MASTConfig(ops=["flip", "crop"], embedding_dim=8, trunk=[8]), total_steps=4)
+    group = _group_of(parameter_groups(mast), mast.mask_params)
+    assert group["apply_lars"] and not group["apply_weight_decay"] and group["weight_decay"] == 0.0
+    u = mast.mask_params
+    before = u.detach().clone()
+    grad = torch.full_like(u, 3.0)
+    u.grad = grad.clone()
+    LARS([{**group, "params": [u]}], lr=1.6, weight_decay=0.5, momentum=0.9, eta=0.02).step()
+    step = 1.6 * 0.02 * before.norm() / grad.norm() * grad  # the group's weight_decay 0 overrides the default 0.5
+    torch.testing.assert_close(u.detach(), before - step)

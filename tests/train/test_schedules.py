@@ -115,3 +115,21 @@ def test_mast_augmentation_count_schedule() -> None:
     assert sorted(set(counts[50:].tolist())) == [1, 2, 3, 4, 5]
     assert augmentation_count_schedule(15, 7, first_stage=0.0).tolist() == [1, 3, 6, 8, 10, 13, 15]
     assert augmentation_count_schedule(1, 4).tolist() == [1, 1, 1, 1]
+
+
+def test_schedule_edges_by_hand() -> None:
+    """Mutation-testing survivors: one-step and empty schedules, defaults, MAST's counts as integers, refusals."""
+    from selfsup.train.schedules import augmentation_count_schedule
+
+    assert linear_schedule(0.5, 1.0, 1).tolist() == [0.5]
+    assert linear_schedule(0.5, 1.0, 0).shape == (0,) and linear_schedule(0.5, 1.0, -1).shape == (0,)
+    assert constant_schedule(2.0, 3).tolist() == [2.0, 2.0, 2.0]  # no warm-up by default
+    counts = augmentation_count_schedule(3, 4, first_stage=0.5)
+    assert counts.dtype == np.int64 and counts.tolist() == [1, 1, 1, 3]
+    assert augmentation_count_schedule(3, 2, first_stage=1.0).tolist() == [1, 1]  # all of the run in stage 1
+    with pytest.raises(ValueError, match="^total_steps must be positive, got 0$"):
+        cosine_schedule(1.0, 0.0, 0)
+    for args in [(0, 4, 0.5), (3, 0, 0.5), (3, 4, 1.5), (3, 4, -0.1)]:
+        with pytest.raises(ValueError, match=r"^need num_ops >= 1, total_steps >= 1 and first_stage in \[0, 1\]; "
+                                             rf"got {args[0]}, {args[1]}, {args[2]}$"):
+            augmentation_count_schedule(*args)
