@@ -102,6 +102,11 @@ class ExtreMA(nn.Module):
         """The EMA teacher's ViT: the authors evaluate the momentum encoder."""
         return self.target.module[0]
 
+    def no_weight_decay(self) -> set[str]:
+        """The student ViT's [CLS] and positions get no weight decay: the authors' main.py passes the model's
+        ``no_weight_decay()`` list to timm's ``add_weight_decay`` (MAE's and MSN's code decay them by shape)."""
+        return {f"encoder.{name}" for name in self.encoder.no_weight_decay()}
+
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         if len(views) not in (1, 2):
             raise ValueError(f"ExtreMA needs 1 view (the teacher sees the student's image) or 2 (student, teacher) "

@@ -66,10 +66,6 @@ class MAEDecoder(nn.Module):
         xavier_linears_(self)  # MAE's initialize_weights: xavier-uniform Linear layers
         nn.init.normal_(self.mask_token, std=0.02)
 
-    def no_weight_decay(self) -> set[str]:
-        """The shared mask token gets no weight decay (named, as the ViT's tokens; its shape (D,) is irrelevant)."""
-        return {"mask_token"}
-
     def forward(self, latent: torch.Tensor, keep: torch.Tensor, has_cls: bool) -> torch.Tensor:
         x = self.embed(latent)
         cls, kept = (x[:, :1], x[:, 1:]) if has_cls else (None, x)

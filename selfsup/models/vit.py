@@ -352,7 +352,8 @@ class VisionTransformer(nn.Module):
         self._init_weights()
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters excluded from weight decay by name (timm/DeiT, as the MAE, MSN and ExtreMA code use them)."""
+        """The parameters timm/DeiT exclude from weight decay by name. ExtreMA's pretraining excludes them (its method
+        lists them for the optimiser); MAE's and MSN's select by shape only and decay the [CLS]."""
         return {"cls_token", "pos_embed"}
 
     # ------------------------------------------------------------------ init

@@ -29,23 +29,22 @@ def layer_ids(backbone: nn.Module) -> tuple[dict[str, int], int]:
 
 
 def no_weight_decay_names(model: nn.Module) -> set[str]:
-    """Full names of the parameters that modules list in their ``no_weight_decay()`` (timm's convention): the ViT's
-    ``cls_token`` and ``pos_embed``, MAE's ``mask_token``. The MAE, MSN and ExtreMA ViTs come from timm/DeiT, whose
-    ``no_weight_decay()`` lists these tokens; our rule names them instead of relying on their shape."""
-    names: set[str] = set()
-    for prefix, module in model.named_modules():
-        listed = getattr(module, "no_weight_decay", None)
-        if callable(listed):
-            names.update(f"{prefix}.{name}" if prefix else name for name in listed())
-    return names
+    """Full names of the parameters that the top-level ``model`` (a method) lists in its ``no_weight_decay()``.
+
+    The authors differ: ExtreMA's optimiser skips the ViT's ``no_weight_decay()`` list (``cls_token``,
+    ``pos_embed``; its main.py passes it to timm's ``add_weight_decay``), so its method names them; MAE's and MSN's
+    pretraining scripts select by shape only (``ndim <= 1`` or a bias), which decays the (1, 1, D) [CLS], so theirs
+    do not."""
+    listed = getattr(model, "no_weight_decay", None)
+    return set(listed()) if callable(listed) else set()
 
 
 def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_decay: float = 1.0,
                      head_lr_scale: float = 1.0, head_wd_scale: float = 1.0) -> list[dict]:
     """Trainable parameters grouped by lr scale and weight decay; frozen ones (``requires_grad=False``) get none.
 
-    Biases, norm parameters, 1-D tensors, parameters a module names in ``no_weight_decay()`` (the ViT's tokens and
-    positions, :func:`no_weight_decay_names`) and parameters marked ``_no_weight_decay = True`` get no weight
+    Biases, norm parameters, 1-D tensors, parameters the method names in ``no_weight_decay()`` (ExtreMA: the ViT's
+    tokens and positions, :func:`no_weight_decay_names`) and parameters marked ``_no_weight_decay = True`` get no weight
     decay. LARS skips its trust ratio on them too (as in BYOL, VICReg and MSN's code), except for parameters marked
     ``_lars_without_weight_decay = True`` (MAST's masks: their L1 term is their only penalty, but at the
     ImageNet presets' lr 1.6 a plain SGD step would move them by several times their size). Parameters of

@@ -131,21 +131,32 @@ def _group_of(groups: list[dict], param: torch.Tensor) -> dict:
     return group
 
 
-def test_vit_tokens_and_positions_get_no_weight_decay_by_name() -> None:
-    """DeiT/timm's ``no_weight_decay()`` (cls_token, pos_embed), which the MAE, MSN and ExtreMA ViTs inherit; MAE's
-    mask token likewise. The 3-D [CLS] used to slip past the ``ndim <= 1`` rule."""
+def test_tokens_get_weight_decay_as_each_authors_code_does() -> None:
+    """ExtreMA's main.py skips the ViT's no_weight_decay() list (cls_token, pos_embed) by name; MAE's
+    main_pretrain.py (timm's param_groups_weight_decay, no skip list) and MSN's init_opt select by shape only, so
+    the (1, 1, D) [CLS] is decayed there, and MAE's 1-D mask token (theirs is (1, 1, D) and decayed) is not."""
+    from selfsup.methods.extrema import ExtreMA, ExtreMAConfig
     from selfsup.methods.mae import MAE, MAEConfig
     from selfsup.models.vit import VisionTransformer
 
-    vit = VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=1, num_heads=2,
-                            pos_embed="learned")
-    mae = MAE(vit, MAEConfig(decoder_dim=8, decoder_depth=1, decoder_heads=2), total_steps=1)
-    groups = parameter_groups(mae, vit)
-    for param in (vit.cls_token, vit.pos_embed, mae.decoder.mask_token):
+    def vit(**extra) -> VisionTransformer:
+        return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=1, num_heads=2,
+                                 pos_embed="learned", **extra)
+
+    extrema = ExtreMA(vit(num_class_attention_blocks=1), ExtreMAConfig(projector=[8, 8], predictor=[8, 8],
+                                                                       mask_ratio=0.5, num_masks=1), total_steps=2)
+    groups = parameter_groups(extrema, extrema.encoder)
+    for param in (extrema.encoder.cls_token, extrema.encoder.pos_embed):
         group = _group_of(groups, param)
         assert not group["apply_weight_decay"] and group["wd_scale"] == 0.0 and group["weight_decay"] == 0.0
-    for param in (vit.blocks[0].attn.qkv.weight, vit.patch_embed.weight, mae.decoder.embed.weight):
+    assert _group_of(groups, extrema.encoder.blocks[0].attn.qkv.weight)["apply_weight_decay"]
+
+    encoder = vit()
+    mae = MAE(encoder, MAEConfig(decoder_dim=8, decoder_depth=1, decoder_heads=2), total_steps=1)
+    groups = parameter_groups(mae, encoder)
+    for param in (encoder.cls_token, encoder.pos_embed, encoder.blocks[0].attn.qkv.weight, mae.decoder.embed.weight):
         assert _group_of(groups, param)["apply_weight_decay"]
+    assert not _group_of(groups, mae.decoder.mask_token)["apply_weight_decay"]
 
 
 def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
