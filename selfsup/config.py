@@ -110,6 +110,9 @@ class TrainerConfig:
     checkpoint_every_steps: int = 200
     export_every_steps: int = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
     progress: bool = True
+    # Experiment loggers: csv (metrics.csv, always written), tensorboard, wandb (offline), mlflow (local file store);
+    # each but csv needs its extra: pip install 'selfsup[tensorboard]' (see selfsup.train.loggers)
+    loggers: list[str] = field(default_factory=lambda: ["csv"])
 
 
 @dataclass

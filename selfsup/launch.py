@@ -19,6 +19,7 @@ from selfsup.eval.monitor import build_knn_monitor
 from selfsup.methods import method_config
 from selfsup.methods.assemble import assemble_model
 from selfsup.models import BACKBONES
+from selfsup.train.loggers import check_loggers
 from selfsup.train.loop import Plugins, train
 from selfsup.train.signals import TrainingInterrupted
 from selfsup.train.stages import train_stages
@@ -97,6 +98,7 @@ def validate(cfg: Config) -> None:
     if t.batch_size % (t.devices * t.num_nodes):
         raise ConfigError(f"bad value for trainer.batch_size: {t.batch_size}; the global batch must be divisible by "
                           f"the {t.devices * t.num_nodes} processes (trainer.devices x trainer.num_nodes)")
+    check_loggers(t.loggers)
     if t.max_steps is None and not t.epochs > 0:
         raise ConfigError(f"bad value for trainer.epochs: {t.epochs}; use a positive number (or set trainer.max_steps)")
 
