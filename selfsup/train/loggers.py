@@ -105,7 +105,14 @@ class ExperimentLoggers:
         ``optim.*`` changes are in config_changes.log) does not send them again."""
         params = _flatten(config)
         for name, logger in self.loggers.items():
-            if name != "mlflow" or self.start_step == 0:
+            if name == "tensorboard":
+                # Lightning's TensorBoardLogger writes hparams only with a metric (a made-up hp_metric scalar by
+                # default); written here as it does, linked to the run's loss curve and no extra scalar.
+                from torch.utils.tensorboard.summary import hparams
+
+                for summary in hparams({k: v for k, v in params.items() if v is not None}, {"loss": 0.0}):
+                    logger.experiment._get_file_writer().add_summary(summary, self.start_step)
+            elif name != "mlflow" or self.start_step == 0:
                 logger.log_hyperparams(params)
 
     def log_metrics(self, row: dict[str, Any]) -> None:
@@ -143,10 +150,11 @@ class ExperimentLoggers:
             self.loggers["tensorboard"].experiment.flush()
 
     def finalize(self, status: str = "success") -> None:
+        """Close the logger runs: ``success``, ``failed`` or ``KILLED`` (MLflow's run status; W&B's exit code)."""
         for logger in self.loggers.values():
             logger.finalize(status)
         if "wandb" in self.loggers:
             import wandb
 
-            wandb.finish()
+            wandb.finish(exit_code=0 if status == "success" else 1)
         self.loggers = {}

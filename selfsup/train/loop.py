@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +92,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
                            memory_format, raw_method)
     step = run.start_step
     raw_method.train()
-    with StopSignals() as stop, closing(run.logbook):
+    with StopSignals() as stop, run.logbook:
         while step < total_steps:
             run.clock.start()
             views = views_or_checkpoint(run, step_views, step)

@@ -21,6 +21,7 @@ from selfsup.checkpoint import atomic_write
 from selfsup.config import Config
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.monitors import SpectrumLog, collapse_stats
+from selfsup.train.signals import TrainingInterrupted
 
 log = logging.getLogger("selfsup")
 
@@ -186,11 +187,18 @@ class TrainingLog:
         if self.experiment is not None:
             self.experiment.flush()
 
-    def close(self) -> None:
-        """Training stopped (done, interrupted or diverged): the progress bar ends; the loggers' files are synced."""
+    def __enter__(self) -> TrainingLog:
+        return self
+
+    def __exit__(self, error_type: type | None, *_: Any) -> None:
+        """Training stopped: the progress bar ends; the loggers' files are synced, and their runs closed if training
+        stopped early (interrupted: KILLED, diverged or failed: FAILED; a finished run closes them after its plots)."""
         self.progress.close()
         if self.experiment is not None:
-            self.experiment.flush()
+            if error_type is None:
+                self.experiment.flush()
+            else:
+                self.experiment.finalize("KILLED" if issubclass(error_type, TrainingInterrupted) else "failed")
 
     def plot(self, out_dir: Path) -> None:
         """The metrics' curves and the eigenspectra, into ``out_dir``."""
