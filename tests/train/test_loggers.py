@@ -128,9 +128,11 @@ def test_tensorboard_holds_metrics_csv_hyperparameters_and_plots_in_one_log_dir(
     assert hparams["optim.lr"].number_value == 0.002 and hparams["method.name"].string_value == "vicreg"
 
 
-def test_mlflow_holds_metrics_csv_params_and_plots_in_one_run(run):
+def test_mlflow_holds_metrics_csv_params_and_plots_in_one_run(run, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to read a file store
 
     client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
     [experiment] = [e for e in client.search_experiments() if e.name == "selfsup"]
@@ -191,3 +193,78 @@ def test_wandb_offline_run_holds_metrics_csv_config_and_plots_under_one_run_id(r
     assert_same_series(logged, metrics_csv(run))
     assert config["optim.lr"] == 0.002 and config["method.name"] == "vicreg"
     assert images == {p.stem for p in (run / "plots").glob("*.png")}
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_hides_the_steps_a_crash_logged_after_the_last_checkpoint(tmp_path):
+    """A crash in step 10 leaves the checkpoint of step 8 and TensorBoard events of step 9; the resume logs step 9
+    again, and the reader shows it once (the resumed writer purges the steps after the checkpoint)."""
+    pytest.importorskip("tensorboard")
+    import selfsup.train.loop as loop
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    run = tmp_path / "run"
+    args = ["pretrain", str(tmp_path / "tiny.yaml"), f"trainer.out={run}", "trainer.loggers=[tensorboard]",
+            "monitor.knn_every_steps=0"]
+    build, calls = loop.build_optimizer, [0]
+
+    def crashing(*a):
+        optimizer = build(*a)
+
+        def hook(*_):
+            calls[0] += 1
+            if calls[0] == 10:
+                raise RuntimeError("crash")
+
+        optimizer.register_step_pre_hook(hook)
+        return optimizer
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(RuntimeError, match="crash"):
+        patch.setattr(loop, "build_optimizer", crashing)
+        main(args)
+    assert [s for s, _ in tensorboard_scalars(run / "tensorboard")["loss"]] == list(range(1, 10))
+    assert main(args) == 0
+    assert_same_series(tensorboard_scalars(run / "tensorboard"), metrics_csv_any(run))
+
+
+def metrics_csv_any(run: Path) -> dict[str, list[tuple[int, float]]]:
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == STEPS
+    return {k: [(int(r["step"]), float(r[k])) for r in rows if r.get(k) not in (None, "")]
+            for k in dict.fromkeys(k for r in rows for k in r) if k != "step"}
+
+
+def test_under_ddp_only_the_main_process_logs(tmp_path, monkeypatch):
+    """2 gloo processes: one TensorBoard event file and one MLflow run, holding metrics.csv's rows once."""
+    if not {"tensorboard", "mlflow"} <= set(INSTALLED):
+        pytest.skip("needs tensorboard and mlflow")
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    run = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "selfsup.cli", "pretrain", str(tmp_path / "tiny.yaml"),
+                           f"trainer.out={run}", "trainer.loggers=[csv,tensorboard,mlflow]", "trainer.max_steps=6",
+                           "trainer.devices=2", "trainer.accelerator=cpu", "monitor.knn_every_steps=0"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    with (run / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == list(range(1, 7))
+    assert [s for s, _ in tensorboard_scalars(run / "tensorboard")["loss"]] == list(range(1, 7))
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to read a file store
+    client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
+    [found] = client.search_runs([e.experiment_id for e in client.search_experiments() if e.name == "selfsup"])
+    assert [m.step for m in client.get_metric_history(found.info.run_id, "loss")] == list(range(1, 7))
