@@ -73,7 +73,6 @@ class ExperimentLoggers:
                                  **kwargs)
 
     def _wandb(self) -> Any:
-        os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
         from lightning.pytorch.loggers import WandbLogger
 
@@ -90,6 +89,8 @@ class ExperimentLoggers:
 
         logger = MLFlowLogger(experiment_name="selfsup", run_name=self.run_dir.name,
                               tracking_uri=f"file:{(self.run_dir / 'mlruns').resolve()}", run_id=self.ids.get("mlflow"))
+        if "mlflow" in self.ids:  # resumed: the run stopped as KILLED or FAILED runs again
+            logger.experiment.update_run(logger.run_id, status="RUNNING")
         self.ids["mlflow"] = logger.run_id  # creates the run (or finds the stored one)
         return logger
 

@@ -139,6 +139,7 @@ def test_mlflow_holds_metrics_csv_params_and_plots_in_one_run(run, monkeypatch):
     [found] = client.search_runs([experiment.experiment_id])
     run_id = json.loads((run / "loggers.json").read_text())["mlflow"]
     assert found.info.run_id == run_id == json.loads((run / "ids_after_10.json").read_text())["mlflow"]
+    assert found.info.status == "FINISHED"
     expected = metrics_csv(run)
     logged = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
               for key in found.data.metrics}
