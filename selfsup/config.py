@@ -188,6 +188,9 @@ class TrainerConfig:
     checkpoint_every_steps: PositiveInt = 200
     export_every_steps: NonNegativeInt = 0  # also export the backbone to snapshots/step_NNNNNN/ every N steps (0 = off)
     progress: bool = True
+    # Experiment loggers: csv (metrics.csv, always written), tensorboard, wandb (offline), mlflow (local file store);
+    # each but csv needs its extra: pip install 'selfsup[tensorboard]' (see selfsup.train.loggers)
+    loggers: list[str] = field(default_factory=lambda: ["csv"])
 
     def __post_init__(self) -> None:
         if self.batch_size % (self.devices * self.num_nodes):

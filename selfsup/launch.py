@@ -19,6 +19,7 @@ from selfsup.eval.monitor import build_knn_monitor
 from selfsup.methods import method_config
 from selfsup.methods.assemble import assemble_model
 from selfsup.models import BACKBONES
+from selfsup.train.loggers import check_loggers
 from selfsup.train.loop import Plugins, train
 from selfsup.train.signals import TrainingInterrupted
 from selfsup.train.stages import train_stages
@@ -63,6 +64,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"views.{i}: {err}") from err
     if cfg.data.dataset not in DATASETS:
         raise ConfigError(f"bad value for data.dataset: {cfg.data.dataset!r}; allowed values: {', '.join(DATASETS)}")
+    check_loggers(cfg.trainer.loggers)
 
 
 def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:

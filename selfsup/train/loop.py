@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +92,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
                            memory_format, raw_method)
     step = run.start_step
     raw_method.train()
-    with StopSignals() as stop, closing(run.logbook.progress):
+    with StopSignals() as stop, run.logbook:
         while step < total_steps:
             run.clock.start()
             views = views_or_checkpoint(run, step_views, step)
@@ -126,7 +125,8 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
 
     if is_main:
         run.export(run.path, step)
-        run.plot(sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None)
+        samples = sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None
+        run.plot(samples, step)
         log.info("done: %d steps; backbone exported to %s", step, run.path / "backbone.safetensors")
 
 

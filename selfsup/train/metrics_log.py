@@ -19,7 +19,9 @@ from torch import nn
 
 from selfsup.checkpoint import atomic_write
 from selfsup.config import Config
+from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.monitors import SpectrumLog, collapse_stats
+from selfsup.train.signals import TrainingInterrupted
 
 log = logging.getLogger("selfsup")
 
@@ -126,19 +128,22 @@ class Progress:
 
 
 class TrainingLog:
-    """The records of one run: ``metrics.csv`` rows, eigenspectra (``spectra.npz``), the kNN monitor, the progress.
+    """The records of one run: ``metrics.csv`` rows, eigenspectra (``spectra.npz``), the kNN monitor, the progress,
+    and each row sent to the experiment loggers (``trainer.loggers``: TensorBoard, W&B, MLflow).
 
     Resuming at step s keeps the rows and spectra of steps <= s. Only the main process records (``record``).
     """
 
     def __init__(self, cfg: Config, run_dir: Path, start_step: int, total_steps: int, steps_per_epoch: int,
-                 knn_monitor: KNNAccuracy | None, stage: str | None, show_progress: bool) -> None:
+                 knn_monitor: KNNAccuracy | None, stage: str | None, show_progress: bool,
+                 experiment: ExperimentLoggers | None = None) -> None:
         self.every, self.total_steps, self.steps_per_epoch = cfg.trainer.log_every_steps, total_steps, steps_per_epoch
         self.collapse_every, self.knn_every = cfg.monitor.collapse_every_steps, cfg.monitor.knn_every_steps
         self.knn_monitor, self.stage = knn_monitor, stage
         self.metrics = MetricsLog(run_dir / "metrics.csv", start_step)
         self.spectra = SpectrumLog(run_dir / "spectra.npz", start_step)
         self.progress = Progress(show_progress, total_steps, start_step)
+        self.experiment = experiment
         self.window_seconds, self.window_images = 0.0, 0  # images/s since the last record
 
     def count(self, seconds: float, images: int) -> None:
@@ -170,6 +175,8 @@ class TrainingLog:
         if knn_now:
             row["knn_top1"] = self.knn_monitor(backbone, device)
         self.metrics.append(row)
+        if self.experiment is not None:
+            self.experiment.log_metrics(row)
         info = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
         self.progress.update(step, info, force_log=log_now or knn_now)
         self.window_seconds, self.window_images = 0.0, 0
@@ -177,6 +184,21 @@ class TrainingLog:
     def flush(self) -> None:
         self.metrics.flush()
         self.spectra.flush()
+        if self.experiment is not None:
+            self.experiment.flush()
+
+    def __enter__(self) -> TrainingLog:
+        return self
+
+    def __exit__(self, error_type: type | None, *_: Any) -> None:
+        """Training stopped: the progress bar ends; the loggers' files are synced, and their runs closed if training
+        stopped early (interrupted: KILLED, diverged or failed: FAILED; a finished run closes them after its plots)."""
+        self.progress.close()
+        if self.experiment is not None:
+            if error_type is None:
+                self.experiment.flush()
+            else:
+                self.experiment.finalize("KILLED" if issubclass(error_type, TrainingInterrupted) else "failed")
 
     def plot(self, out_dir: Path) -> None:
         """The metrics' curves and the eigenspectra, into ``out_dir``."""

@@ -16,6 +16,7 @@ from torch import nn
 
 from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, remove_stale_temporaries, save_checkpoint
 from selfsup.config import Config, ConfigError, save_config, to_dict
+from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, reduced, unhealthy
 from selfsup.train.views import StepViews
@@ -23,7 +24,7 @@ from selfsup.train.views import StepViews
 log = logging.getLogger("selfsup")
 
 # Keys that may change when a run is resumed: they do not affect the computation.
-RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
+RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps", "trainer.loggers",
                      "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval",
                      "data.num_workers"}
 
@@ -137,8 +138,11 @@ class RunDir:
     def start_logs(self, total_steps: int, steps_per_epoch: int, knn_monitor: KNNAccuracy | None,
                    stage: str | None) -> TrainingLog:
         """The run's logs, continued from the resumed step (written by the main process)."""
+        experiment = ExperimentLoggers(self.cfg.trainer.loggers, self.path, self.start_step, self.is_main)
+        experiment.log_hyperparams(to_dict(self.cfg))
         self.logbook = TrainingLog(self.cfg, self.path, self.start_step, total_steps, steps_per_epoch, knn_monitor,
-                                   stage, show_progress=self.cfg.trainer.progress and self.is_main)
+                                   stage, show_progress=self.cfg.trainer.progress and self.is_main,
+                                   experiment=experiment)
         return self.logbook
 
     def clock_step(self, images: int) -> None:
@@ -153,11 +157,14 @@ class RunDir:
         if self.is_main:
             self.logbook.record(step, lr, out, self.clock, self.method.backbone, self.fabric.device, unreadable)
 
-    def plot(self, samples: torch.Tensor | None) -> None:
-        """The metrics' curves, the eigenspectra and the method's own pictures (of ``samples``), into plots/."""
+    def plot(self, samples: torch.Tensor | None, step: int) -> None:
+        """The metrics' curves, the eigenspectra and the method's own pictures (of ``samples``), into plots/; then
+        every picture of plots/ to the experiment loggers, which are closed (the run is done)."""
         self.logbook.plot(self.path / "plots")
         if hasattr(self.method, "plot"):
             self.method.plot(self.path / "plots", self.logbook.metrics.rows, samples)
+        self.logbook.experiment.log_images(self.path / "plots", step)
+        self.logbook.experiment.finalize()
 
     def flush_logs(self) -> None:
         if self.is_main:
