@@ -42,8 +42,8 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
                             allowed: tuple[str, ...] = ()) -> list[str]:
     """Refuse to resume a run directory whose config differs in anything that changes the computation.
 
-    Differences under the ``allowed`` sections (e.g. ``("optim",)``) are accepted and returned as
-    ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
+    Differences under :data:`RESUMABLE_CHANGES` and the ``allowed`` sections (e.g. ``("optim",)``) are accepted
+    and returned as ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
     not a change: it is measured again on the same data.
     """
 
@@ -59,9 +59,9 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
         return any(key == r or key.startswith(r + ".") for r in sections)
 
     old, new = flatten(saved), flatten(current)
-    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k) and not under(k, RESUMABLE_CHANGES)
+    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
              and not (k.startswith(("data.mean", "data.std")) and new.get(k) is None)]
-    refused = [k for k in diffs if not under(k, allowed)]
+    refused = [k for k in diffs if not under(k, RESUMABLE_CHANGES) and not under(k, allowed)]
     if refused:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in refused[:5])
         hint = (" To resume with other optim.* settings, add --allow-optim-change."
