@@ -25,7 +25,9 @@ MAX_SANE_WEIGHT = 1e6
 
 # Divergence while the numbers are still finite (issue 31). The loss of a step is diverging when it exceeds
 # LOSS_RATIO times the median |loss| of the last LOSS_WINDOW steps, that median floored at LOSS_FLOOR times the run's
-# first loss (a loss that converged near 0 may climb back a little: it trips only past 10x the starting loss). The
+# first loss (a loss that converged near 0 may climb back a little: it trips only past 10x the starting loss) and at
+# LOSS_MIN_SCALE (losses that start near 0 or cross it, e.g. MSN's cross-entropy minus its ME-MAX entropy, trip only
+# past 100 in magnitude; bounded losses such as BYOL's or MSN's then rely on the non-finite and weight checks). The
 # presets' losses move by factors of a few early on (VICReg 25 -> 20, MSN and MAST more), two orders of magnitude
 # below the ratio; a learning rate 100x too large takes VICReg from 23 to 5e5 within one step. The weights are
 # exploding when their L2 norm exceeds MAX_NORM_GROWTH times the norm at the start of the run (the presets end
@@ -33,6 +35,7 @@ MAX_SANE_WEIGHT = 1e6
 LOSS_WINDOW = 50
 LOSS_RATIO = 100.0
 LOSS_FLOOR = 0.1
+LOSS_MIN_SCALE = 1.0
 MAX_NORM_GROWTH = 100.0
 
 
@@ -127,7 +130,7 @@ class TrainingHealth:
             return f"loss is {loss}"
         if self.losses:
             median = statistics.median(abs(x) for x in self.losses)
-            scale = max(median, LOSS_FLOOR * abs(self.first_loss or 0.0), 1e-12)
+            scale = max(median, LOSS_FLOOR * abs(self.first_loss or 0.0), LOSS_MIN_SCALE)
             if abs(loss) > LOSS_RATIO * scale:
                 return (f"loss is {loss:.4g}, {abs(loss) / scale:.3g}x its running median {median:.4g} over the last "
                         f"{len(self.losses)} steps (> {LOSS_RATIO:g}x: diverging)")
