@@ -30,13 +30,15 @@ MAX_SANE_WEIGHT = 1e6
 # past 100 in magnitude; bounded losses such as BYOL's or MSN's then rely on the non-finite and weight checks). The
 # presets' losses move by factors of a few early on (VICReg 25 -> 20, MSN and MAST more), two orders of magnitude
 # below the ratio; a learning rate 100x too large takes VICReg from 23 to 5e5 within one step. The weights are
-# exploding when their L2 norm exceeds MAX_NORM_GROWTH times the norm at the start of the run (the presets end
-# within a few times theirs: weight decay and normalisation layers bound it).
+# exploding when their L2 norm exceeds MAX_NORM_GROWTH times the norm at the start of the run. Measured on digits
+# (quick-start settings, 60-300 steps): VICReg, MSN, MAST, BYOL, ExtreMA stay within 1.0x, NNCLR 1.9x, Barlow Twins
+# 7x by step 50 (its BatchNorm scales grow under its large gradients): hence 1000x, a guard for runaway growth that
+# the loss does not show (the loss check catches the lr-30 runs first).
 LOSS_WINDOW = 50
 LOSS_RATIO = 100.0
 LOSS_FLOOR = 0.1
 LOSS_MIN_SCALE = 1.0
-MAX_NORM_GROWTH = 100.0
+MAX_NORM_GROWTH = 1000.0
 
 
 class TrainingInterrupted(Exception):
