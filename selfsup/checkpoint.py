@@ -100,6 +100,29 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
                               f"delete it to restart the run from scratch (or restore a backup)") from err
 
 
+# Keys of a run's checkpoint (checkpoints/last.pt) and their types; resuming needs all of them.
+_CHECKPOINT_KEYS: dict[str, type] = {"model": dict, "optimizer": dict, "step": int, "config": dict}
+
+
+def check_run_checkpoint(state: Any, path: Path) -> None:
+    """A run's checkpoint as resuming needs it: the keys it holds, and finite weights and optimiser state. A file
+    damaged by hand (or by a run that diverged before these checks) is a :class:`CheckpointError` naming it."""
+    fix = f"delete {path} to restart the run from scratch (or restore a backup)"
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a selfsup checkpoint (it holds a {type(state).__name__}); {fix}")
+    for key, kind in _CHECKPOINT_KEYS.items():
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise CheckpointError(f"{path}: key {key!r} is missing or not a {kind.__name__}; {fix}")
+    tensors = {f"model.{k}": v for k, v in state["model"].items()}
+    for pid, values in state["optimizer"].get("state", {}).items():
+        tensors.update({f"optimizer.{pid}.{k}": v for k, v in values.items()})
+    bad = [k for k, v in tensors.items()
+           if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"{path} holds non-finite values in {', '.join(bad[:5])}: it is corrupt or was saved "
+                              f"from a diverged run; {fix}")
+
+
 def export_backbone(run_dir: Path, backbone: nn.Module, meta: dict[str, Any]) -> None:
     """Save the backbone weights as safetensors plus the JSON needed to rebuild it for evaluation."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}

@@ -11,6 +11,7 @@ import csv
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,13 +222,15 @@ def test_divergence_keeps_the_last_sane_checkpoint_and_resumes_with_a_lower_lr(c
     explode_then_nan(monkeypatch, explode_at=25, nan_at=47)
     assert main(["pretrain", str(config), f"trainer.out={run}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: loss is nan at step 47; the checkpoint of step 23")
+    # Training stops at the first checkpoint the exploded weights fail (not at the NaN of step 47).
+    assert err.startswith("error: step 40 not checkpointed: parameter backbone.layer1.0.bn1.weight reaches "
+                          "|w| = 1e+09")
+    assert "the checkpoint of step 23" in err and "17 steps before the failure" in err
     assert "--allow-optim-change" in err
-    assert "step 40 not checkpointed: parameter backbone.layer1.0.bn1.weight reaches |w| = 1e+09" in caplog.text
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert ckpt["step"] == 23 and max(v.abs().max() for v in ckpt["model"].values() if v.is_floating_point()) < 1e6
-    with (run / "metrics.csv").open() as f:  # the rows logged before the NaN are on disk
-        assert [int(r["step"]) for r in csv.DictReader(f)][-1] == 45
+    with (run / "metrics.csv").open() as f:  # the rows logged before the failure are on disk
+        assert [int(r["step"]) for r in csv.DictReader(f)][-1] == 40
 
     monkeypatch.undo()
     assert main(["pretrain", str(run), "optim.lr=0.001"]) == 2
@@ -243,10 +246,135 @@ def test_divergence_before_any_checkpoint_says_so(config, tmp_path, monkeypatch,
     explode_then_nan(monkeypatch, explode_at=100, nan_at=7)
     assert main(["pretrain", str(config), f"trainer.out={run}"]) == 1
     err = capsys.readouterr().err
-    assert "loss is nan at step 7; no checkpoint was written yet; lower optim.lr" in err
+    assert "loss is nan at step 7; no checkpoint that passed the health checks was written; lower optim.lr" in err
     assert "intact" not in err and not (run / "checkpoints" / "last.pt").exists()
     with (run / "metrics.csv").open() as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [5]
+
+
+# Poisons Adam's second moment of the first parameter after the K-th optimiser step: the loss stays finite (Adam's
+# update of those entries becomes 0), only the optimiser state is unfit to save (as optim.lr=30 leaves it).
+POISON_ADAM_STATE = """
+import torch
+import selfsup.train.loop as loop
+_build, _calls = loop.build_optimizer, [0]
+def _hook(optimizer, args, kwargs):
+    _calls[0] += 1
+    if _calls[0] == {k}:
+        next(iter(optimizer.state.values()))["exp_avg_sq"].fill_(float("inf"))
+def build_optimizer(model, cfg, *args):
+    optimizer = _build(model, cfg, *args)
+    optimizer.register_step_post_hook(_hook)
+    return optimizer
+loop.build_optimizer = build_optimizer
+"""
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "fashion_mnist" / "quickstart.yaml"
+DIGITS = ["data.dataset=digits", "data.image_size=8", "trainer.batch_size=64", "monitor.knn_every_steps=0",
+          "trainer.progress=false"]
+
+
+def error_line(err: str) -> str:
+    """The one ``error:`` line of a failed command, checked to be alone and without a traceback."""
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    return errors[0]
+
+
+def test_unfit_optimizer_state_stops_training_at_once(config, tmp_path):
+    """Issue 31.2: a checkpoint refused for non-finite optimiser state stops the run (it used to train to the end,
+    refusing every checkpoint, and exit 1 with nothing saved)."""
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=60",
+                            "trainer.checkpoint_every_steps=5"], POISON_ADAM_STATE.format(k=12)))
+    assert code == 1, err[-2000:]
+    line = error_line(err)
+    assert line.startswith("error: step 15 not checkpointed: optimiser state 'exp_avg_sq' is not finite; "
+                           "the checkpoint of step 10"), line
+    assert "5 steps before the failure" in line
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 10
+    with (run / "metrics.csv").open() as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)][-1] <= 15
+
+
+def test_divergence_with_finite_numbers_keeps_the_checkpoint_before_it(tmp_path):
+    """Issue 31.3: at lr 30 the quick-start's loss goes 23 -> 51 -> 5e5 while every number stays finite; the
+    checkpoint whose weights give 5e5 is not kept, the one before is, and resumes at a sane lr."""
+    run = tmp_path / "run"
+    code, err = finish(cli(["pretrain", str(QUICKSTART), *DIGITS, f"trainer.out={run}", "optim.lr=30",
+                            "trainer.checkpoint_every_steps=1", "trainer.max_steps=20"]))
+    assert code == 1, err[-2000:]
+    line = error_line(err)
+    assert re.match(r"error: loss is \S+, \S+x its running median \S+ over the last 6 steps \(> 100x: diverging\) "
+                    r"at step 6; the checkpoint of step 5 \(\S+\), 1 step before the failure, passed", line), line
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["step"] == 5 and len(ckpt["health"]["losses"]) == 5
+    assert torch.load(run / "checkpoints" / "diverged.pt", weights_only=True)["step"] == 6
+
+    code, err = finish(cli(["pretrain", str(run), "optim.lr=0.3", "--allow-optim-change"]))
+    assert code == 0, err[-2000:]
+    resumed = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert resumed["step"] == 20 and resumed["health"]["first_loss"] == ckpt["health"]["first_loss"]
+
+
+def test_resume_accepts_changes_that_do_not_change_the_computation(config, tmp_path, capsys):
+    """Issue 31.1: monitor, eval and logging settings may change on a resume (recorded); optim.lr may not. An
+    older checkpoint (without the health state and the unreadable count) still resumes."""
+    run = tmp_path / "run"
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=30",
+                 "trainer.checkpoint_every_steps=10", "monitor.knn_every_steps=20"]) == 0
+    path = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt.pop("health", None), ckpt.pop("unreadable_images", None)  # as an older version wrote it
+    torch.save(ckpt, path)
+    changed = ["monitor.knn_every_steps=10", "monitor.knn_k=5", "monitor.knn_train_size=200",
+               "trainer.log_every_steps=3", "eval.knn_k=7", "trainer.checkpoint_every_steps=7"]
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=30", *changed]) == 0
+    log = (run / "config_changes.log").read_text()
+    assert "step 30: monitor.knn_k: 20 -> 5" in log and "step 30: eval.knn_k: 20 -> 7" in log
+    assert "monitor.knn_train_size: 5000 -> 200" in log and "trainer.log_every_steps: 5 -> 3" in log
+    capsys.readouterr()
+    assert main(["pretrain", str(run), "optim.lr=0.5"]) == 2
+    assert "different config (optim.lr" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def short_run(config, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("short") / "run"
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=4"]))
+    assert code == 0, err[-2000:]
+    return run
+
+
+@pytest.mark.parametrize("damage", ["no config", "nan weights"])
+def test_hand_damaged_checkpoint_is_a_clear_error(short_run, tmp_path, damage):
+    """Issue 31.7: a checkpoint without ``config`` (a KeyError traceback) or with NaN weights (loaded, then called
+    sane when it diverged) is exit 2 with one line naming the file."""
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    path = run / "checkpoints" / "last.pt"
+    ckpt = torch.load(path, weights_only=True)
+    if damage == "no config":
+        del ckpt["config"]
+    else:
+        ckpt["model"]["backbone.stem.0.weight" if "backbone.stem.0.weight" in ckpt["model"]
+                      else next(k for k, v in ckpt["model"].items() if v.is_floating_point())].fill_(float("nan"))
+    torch.save(ckpt, path)
+    code, err = finish(cli(["pretrain", str(run), "trainer.max_steps=8"]))
+    assert code == 2, err[-2000:]
+    line = error_line(err)
+    assert str(path) in line
+    assert ("key 'config' is missing" if damage == "no config" else "non-finite values in model.") in line
+
+
+def test_empty_config_yaml_of_a_run_is_a_clear_error(short_run, tmp_path):
+    """Issue 31.7: an emptied config.yaml made `eval knn` evaluate the defaults' dataset and exit 0."""
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    (run / "config.yaml").write_text("")
+    code, err = finish(cli(["eval", "knn", str(run)]))
+    assert code == 2, err[-2000:]
+    assert str(run / "config.yaml") in error_line(err)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -52,7 +52,13 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a run directory (no config.yaml); pass the trainer.out of a "
                               f"`selfsup pretrain` run")
-    return from_dict(Config, deep_merge(load_yaml(path), parse_overrides(overrides)))
+    saved = load_yaml(path)
+    missing = [key for key in ("method", "data", "model", "trainer") if not isinstance(saved.get(key), dict)] \
+        if isinstance(saved, dict) else ["all"]
+    if missing:  # a resolved config holds every section; an empty one would evaluate the defaults' dataset
+        raise CheckpointError(f"{path} is not a run's resolved config (no {', '.join(missing)} section); restore it, "
+                              f"or re-run `selfsup pretrain` with the run's config and trainer.out={run_dir}")
+    return from_dict(Config, deep_merge(saved, parse_overrides(overrides)))
 
 
 def device_for(name: str | None = None) -> torch.device:

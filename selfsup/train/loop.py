@@ -90,6 +90,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     step_views = StepViews(data, sampler, view_groups, t.seed, run.start_step, total_steps, fabric.device,
                            memory_format, raw_method)
+    run.step_views = step_views
     step = run.start_step
     raw_method.train()
     with StopSignals() as stop, run.logbook:
@@ -99,7 +100,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
             set_lr_and_wd(optimizer, float(lr_schedule[step]), float(wd_schedule[step]))
 
             out = method(views)
-            stop_if_diverged(run, out.loss, step)
+            run.check_loss(out.loss, step)
             optimizer.zero_grad(set_to_none=True)
             fabric.backward(out.loss)
             if o.clip_grad:
@@ -120,8 +121,6 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
                 run.checkpoint_unless_saved(step)
                 raise TrainingInterrupted(signum, step, run.path)
     run.checkpoint_unless_saved(step)
-    if run.saved_step != step:
-        raise run.diverged(f"training ended at step {step} with weights unfit to export")
 
     if is_main:
         run.export(run.path, step)
@@ -139,14 +138,6 @@ def views_or_checkpoint(run: RunDir, step_views: StepViews, step: int) -> list[t
         if run.fabric.world_size == 1:
             run.checkpoint_unless_saved(step)
         raise
-
-
-def stop_if_diverged(run: RunDir, loss: torch.Tensor, step: int) -> None:
-    """Raise :class:`TrainingDiverged` on every process when the loss is not finite on any of them."""
-    finite = bool(torch.isfinite(loss))
-    if reduced(run.fabric, int(not finite)):
-        raise run.diverged(f"loss is {loss.item()} at step {step}" if not finite
-                           else f"loss is not finite at step {step} on another process")
 
 
 def log_start(fabric: Any, cfg: Config, data: ImageData | StreamedSplit, method: nn.Module, total_steps: int,

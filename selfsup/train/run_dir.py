@@ -1,12 +1,18 @@
 """A run directory while it trains: resuming it, its config changes, its checkpoints and exported backbones.
 
 Layout: see :mod:`selfsup.checkpoint`. A checkpoint holds ``model``, ``optimizer``, ``step``, the training clock
-(``train_time_s``, ``cpu_time_s``) and the resolved ``config``.
+(``train_time_s``, ``cpu_time_s``), the resolved ``config``, the divergence checks' ``health`` state and the
+``unreadable_images`` replaced so far (both absent from older checkpoints, which resume as before).
+
+A checkpoint is kept only while it passes the health checks: its weights and optimiser state when it is written, and
+the loss its weights give at the next step. ``checkpoints/previous.pt`` (a hard link to the checkpoint before) is what
+a run falls back on when the latter fails; the failed checkpoint is moved to ``checkpoints/diverged.pt``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,27 +20,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfsup.checkpoint import CHECKPOINT, export_backbone, load_checkpoint, remove_stale_temporaries, save_checkpoint
+from selfsup.checkpoint import (CHECKPOINT, check_run_checkpoint, export_backbone, load_checkpoint,
+                                remove_stale_temporaries, save_checkpoint)
 from selfsup.config import Config, ConfigError, save_config, to_dict
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
-from selfsup.train.signals import TrainingDiverged, reduced, unhealthy
+from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
 from selfsup.train.views import StepViews
 
 log = logging.getLogger("selfsup")
 
-# Keys that may change when a run is resumed: they do not affect the computation.
-RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps", "trainer.loggers",
-                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "monitor.knn_every_steps", "eval",
-                     "data.num_workers"}
+# Keys (and whole sections) that may change when a run is resumed: they do not affect the computation. The
+# monitors only read the model (in eval mode, with their own RNG; each step reseeds the global one), evaluation and
+# the experiment loggers run outside training, and the others say when or where to write, or how fast to compute
+# (trainer.num_threads changes the order of float sums only).
+RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
+                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
+                     "eval", "data.num_workers", "data.allow_incomplete_shards"}
 
 
 def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path,
                             allowed: tuple[str, ...] = ()) -> list[str]:
     """Refuse to resume a run directory whose config differs in anything that changes the computation.
 
-    Differences under the ``allowed`` sections (e.g. ``("optim",)``) are accepted and returned as
-    ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
+    Differences under :data:`RESUMABLE_CHANGES` and the ``allowed`` sections (e.g. ``("optim",)``) are accepted
+    and returned as ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
     not a change: it is measured again on the same data.
     """
 
@@ -50,9 +60,9 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
         return any(key == r or key.startswith(r + ".") for r in sections)
 
     old, new = flatten(saved), flatten(current)
-    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k) and not under(k, RESUMABLE_CHANGES)
+    diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
              and not (k.startswith(("data.mean", "data.std")) and new.get(k) is None)]
-    refused = [k for k in diffs if not under(k, allowed)]
+    refused = [k for k in diffs if not under(k, RESUMABLE_CHANGES) and not under(k, allowed)]
     if refused:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in refused[:5])
         hint = (" To resume with other optim.* settings, add --allow-optim-change."
@@ -97,6 +107,8 @@ class RunDir:
         self.path = Path(cfg.trainer.out)
         self.checkpoint_path = self.path / CHECKPOINT
         self.state = load_checkpoint(self.checkpoint_path) if self.checkpoint_path.is_file() else None
+        if self.state is not None:
+            check_run_checkpoint(self.state, self.checkpoint_path)
         self.changes: list[str] = []
         if self.state is not None:
             self.changes = check_resume_compatible(self.state["config"], to_dict(cfg), self.path,
@@ -104,6 +116,10 @@ class RunDir:
         self.start_step = int(self.state["step"]) if self.state is not None else 0
         self.saved_step = self.start_step if self.state is not None else None
         self.clock = TrainClock(self.state)
+        self.health = TrainingHealth(self.state.get("health") if self.state is not None else None)
+        # Streamed images replaced by earlier sessions of the run (counted once, on the main process).
+        self.unreadable_before = int(self.state.get("unreadable_images", 0)) if self.state is not None else 0
+        self.step_views: StepViews | None = None
 
     def restore(self, method: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load the checkpoint's model and optimiser state (the optimiser's only if ``optim.name`` is unchanged)."""
@@ -125,6 +141,7 @@ class RunDir:
         and what ``backbone.json`` records. The main process writes the directory: config.yaml, and
         config_changes.log for a resume's accepted changes."""
         self.cfg, self.method, self.optimizer = cfg, method, optimizer
+        self.health.start(method)
         self.backbone_meta = {"backbone": cfg.model.backbone, "params": backbone_params, "method": cfg.method["name"],
                               "image_size": image_size, "channels": channels, "mean": cfg.data.mean,
                               "std": cfg.data.std, "dataset": cfg.data.dataset, "seed": cfg.trainer.seed}
@@ -152,8 +169,7 @@ class RunDir:
     def log_step(self, step: int, lr: float, out: Any, step_views: StepViews) -> None:
         """Record the step output of ``step`` (main process), with the streamed images that were unreadable (a sum
         over the processes) when a row is due."""
-        unreadable = (reduced(self.fabric, step_views.unreadable, torch.distributed.ReduceOp.SUM)
-                      if self.logbook.row_due(step) and step_views.streamed else None)
+        unreadable = self.unreadable_images() if self.logbook.row_due(step) and step_views.streamed else None
         if self.is_main:
             self.logbook.record(step, lr, out, self.clock, self.method.backbone, self.fabric.device, unreadable)
 
@@ -170,22 +186,64 @@ class RunDir:
         if self.is_main:
             self.logbook.flush()
 
+    def unreadable_images(self) -> int:
+        """Streamed images replaced so far in the run, earlier sessions included (a sum over the processes)."""
+        here = self.step_views.unreadable if self.step_views is not None else 0
+        return self.unreadable_before + reduced(self.fabric, here, torch.distributed.ReduceOp.SUM)
+
+    def check_loss(self, loss: torch.Tensor, step: int) -> None:
+        """Raise :class:`TrainingDiverged` on every process when the loss of ``step`` (the weights after ``step``
+        steps) diverges on any of them; a checkpoint of those weights is then discarded."""
+        problem = self.health.loss_problem(float(loss.detach()))
+        if reduced(self.fabric, int(problem is not None)):
+            if self.saved_step == step:
+                self.discard_checkpoint(step)
+            raise self.diverged(f"{problem or 'the loss diverges on another process'} at step {step}", step)
+
     def checkpoint(self, step: int) -> None:
-        """Write the state after ``step`` steps, unless the weights are unfit (then the last good one stays).
+        """Write the state after ``step`` steps; when the weights or optimiser state are unfit, stop training with
+        :class:`TrainingDiverged` (the last checkpoint that passed stays).
 
         Every process takes the same decision: the weights and optimiser state are the same on all of them.
         """
-        problem = unhealthy(self.method, self.optimizer)
-        if problem is None:
-            if self.is_main:
-                save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
-                                                       "optimizer": self.optimizer.state_dict(), "step": step,
-                                                       **self.clock.state(), "config": to_dict(self.cfg)})
-            self.saved_step = step
-        elif self.is_main:
-            log.warning("step %d not checkpointed: %s; %s", step, problem, self.last_checkpoint_text())
+        problem = self.health.weights_problem(self.method, self.optimizer)
+        if problem is not None:
+            raise self.diverged(f"step {step} not checkpointed: {problem}", step)
+        unreadable = self.unreadable_images()
+        if self.is_main:
+            self.link_previous()
+            save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
+                                                   "optimizer": self.optimizer.state_dict(), "step": step,
+                                                   **self.clock.state(), "config": to_dict(self.cfg),
+                                                   "health": self.health.state(), "unreadable_images": unreadable})
+        self.saved_step = step
         self.flush_logs()
         self.fabric.barrier()
+
+    def link_previous(self) -> None:
+        """Keep the checkpoint on disk as ``previous.pt`` (a hard link: no copy) before it is replaced."""
+        previous = self.checkpoint_path.with_name("previous.pt")
+        previous.unlink(missing_ok=True)
+        if self.checkpoint_path.is_file():
+            try:
+                os.link(self.checkpoint_path, previous)
+            except OSError:  # a file system without hard links: no fallback, as before
+                pass
+
+    def discard_checkpoint(self, step: int) -> None:
+        """The checkpoint of ``step`` holds weights that diverge: move it to ``diverged.pt`` and fall back on
+        ``previous.pt`` (the checkpoint before, which passed), if any."""
+        previous, bad = self.checkpoint_path.with_name("previous.pt"), self.checkpoint_path.with_name("diverged.pt")
+        previous_step = int(load_checkpoint(previous)["step"]) if previous.is_file() else None
+        if previous_step is not None and previous_step >= step:
+            previous_step = None
+        self.fabric.barrier()
+        if self.is_main:
+            os.replace(self.checkpoint_path, bad)
+            if previous_step is not None:
+                os.replace(previous, self.checkpoint_path)
+            log.warning("the checkpoint of step %d diverges at the next step: moved to %s", step, bad)
+        self.saved_step = previous_step
 
     def checkpoint_unless_saved(self, step: int) -> None:
         if self.saved_step != step:
@@ -197,16 +255,18 @@ class RunDir:
         meta["params"] = {**meta["params"], **getattr(self.method, "export_params", {})}
         export_backbone(folder, self.method.backbone, {**meta, "steps": step, **self.clock.state()})
 
-    def last_checkpoint_text(self) -> str:
+    def last_checkpoint_text(self, step: int) -> str:
         if self.saved_step is None:
-            return "no checkpoint was written yet"
-        return (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}) was written with a finite loss "
-                "and sane weights")
+            return "no checkpoint that passed the health checks was written"
+        back = step - self.saved_step
+        return (f"the checkpoint of step {self.saved_step} ({self.checkpoint_path}), {back} step{'s' * (back != 1)} "
+                "before the failure, passed the health checks (finite weights and optimiser state, its loss within "
+                "100x the running median)")
 
-    def diverged(self, reason: str) -> TrainingDiverged:
-        """The error to raise when training diverged: which checkpoint is left, and how to go on."""
+    def diverged(self, reason: str, step: int) -> TrainingDiverged:
+        """The error to raise when training diverged at ``step``: which checkpoint is left, and how to go on."""
         self.flush_logs()
         fix = (f"resume it with a lower lr: `selfsup pretrain {self.path} optim.lr=... --allow-optim-change` "
                "(or set optim.clip_grad)" if self.saved_step is not None
                else "lower optim.lr or set optim.clip_grad and start again")
-        return TrainingDiverged(f"{reason}; {self.last_checkpoint_text()}; {fix}")
+        return TrainingDiverged(f"{reason}; {self.last_checkpoint_text(step)}; {fix}")

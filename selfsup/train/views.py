@@ -89,6 +89,7 @@ class StepViews:
         self.own_views = hasattr(method, "make_views")
         self.make = views_maker(method, groups)
         self.unreadable = 0
+        self.reported: set[str] = set()
         if self.streamed:
             self.batches = iter(crop_batches(data.source, sampler, crop_specs(data, groups, method), data.channels,
                                              seed, start, stop, data.workers, pin_memory=device.type == "cuda"))
@@ -99,8 +100,10 @@ class StepViews:
     def __call__(self, step: int, rank: int, world_size: int) -> list[torch.Tensor]:
         if self.streamed:
             batch = next(self.batches)
-            for name in batch.unreadable:
-                log.warning("unreadable image replaced by another: %s", name)
+            for name in batch.unreadable:  # each file once per session: an epoch meets it again
+                if name not in self.reported:
+                    log.warning("unreadable image replaced by another: %s", name)
+                    self.reported.add(name)
             self.unreadable += len(batch.unreadable)
             crops = iter([self._on_device(c) for c in batch.crops])
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
