@@ -513,6 +513,16 @@ def stage_configs(cfg: Config) -> list[Stage]:
     return stages
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"section.key": leaf}`` (lists are leaves)."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from selfsup.checkpoint import atomic_write
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, flatten
 
 log = logging.getLogger("selfsup")
 
@@ -37,15 +37,6 @@ def check_loggers(names: list[str]) -> None:
         if module is not None and importlib.util.find_spec(module) is None:
             raise ConfigError(f"trainer.loggers: {name} needs the {module} package, which is not installed: "
                               f"pip install 'selfsup[{name}]' (or remove {name} from trainer.loggers)")
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree if isinstance(tree, (int, float, str, bool)) or tree is None else str(tree)}
 
 
 class ExperimentLoggers:
@@ -104,7 +95,8 @@ class ExperimentLoggers:
     def log_hyperparams(self, config: dict[str, Any]) -> None:
         """The resolved config, flattened (``optim.lr``). MLflow's params cannot change, so a resume (whose accepted
         ``optim.*`` changes are in config_changes.log) does not send them again."""
-        params = _flatten(config)
+        params = {key: value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+                  for key, value in flatten(config).items()}
         for name, logger in self.loggers.items():
             if name == "tensorboard":
                 # Lightning's TensorBoardLogger writes hparams only with a metric (a made-up hp_metric scalar by

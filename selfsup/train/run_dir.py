@@ -22,7 +22,7 @@ from torch import nn
 
 from selfsup.checkpoint import (CHECKPOINT, check_run_checkpoint, export_backbone, load_checkpoint,
                                 remove_stale_temporaries, save_checkpoint)
-from selfsup.config import Config, ConfigError, save_config, to_dict
+from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
@@ -47,14 +47,6 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
     and returned as ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
     not a change: it is measured again on the same data.
     """
-
-    def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(tree, dict):
-            out: dict[str, Any] = {}
-            for key, value in tree.items():
-                out.update(flatten(value, f"{prefix}{key}."))
-            return out
-        return {prefix[:-1]: tree}
 
     def under(key: str, sections) -> bool:
         return any(key == r or key.startswith(r + ".") for r in sections)
