@@ -85,6 +85,25 @@ def test_label_smoothing_mixes_prototype_labels_like_the_authors_code() -> None:
     torch.testing.assert_close(prototype_log_probs(sims, 0.1, 0.0), F.log_softmax(sims / 0.1, dim=1))
 
 
+
+def test_label_smoothing_enters_both_the_anchor_and_the_target_probabilities() -> None:
+    """The whole loss with smoothing against a from-scratch transcription of the authors' ``msn`` loss (no
+    Sinkhorn): ``probs = softmax(sim / tau) @ one_hot(K, s)`` for anchors and targets, targets sharpened with
+    ``T = tau+ / tau``, cross-entropy, then ME-MAX ``sum(p_bar log p_bar) + log K``."""
+    s, tau, tau_plus, views = 0.2, 0.1, 0.025, 3
+    targets_sim, anchors_sim = _similarities(6, seed=1), _similarities(6 * views, seed=2)
+    labels = torch.full((K, K), s / K, dtype=torch.float64) + (1 - s) * torch.eye(K, dtype=torch.float64)
+    probs = F.softmax(anchors_sim / tau, dim=1) @ labels
+    target = (F.softmax(targets_sim / tau, dim=1) @ labels) ** (tau / tau_plus)
+    target = target / target.sum(dim=1, keepdim=True)
+    ce = -(target.repeat(views, 1) * probs.log()).sum(dim=1).mean()
+    mean = probs.mean(dim=0)
+    expected = ce + 1.5 * ((mean * mean.log()).sum() + math.log(K))
+    loss, terms = msn_loss(anchors_sim, targets_sim, tau, tau_plus, sinkhorn_iterations=0, memax_weight=1.5,
+                           label_smoothing=s)
+    torch.testing.assert_close(terms["ce"], ce, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+
 # ----------------------------------------------------------------------------------------- Sinkhorn
 
 
