@@ -13,6 +13,12 @@ Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method w
 same budget, hold-out and evaluations is not retrained), ``suite.json`` (every number, the CPU model, the command),
 ``suite.md`` (the table) and ``suite.png`` (20-NN and linear accuracy against training CPU-minutes, a line per
 method, raw pixels dashed). Prints ``suite.json``'s content as its last stdout line.
+
+A staged preset (``stages:``, e.g. ``mae_ct.yaml``: MAE, then the CT head's initialisation, then contrastive tuning)
+continues the run of the preset named after its first stage's method (``mae``), trained first if it is not done: that
+run becomes the staged run's first stage, and the later stages run for the lengths the preset gives them. Its curve
+is the first method's curve followed by the staged run's end, whose CPU-minutes include both (MAE-CT costs what MAE
+cost plus the tuning).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,7 +34,9 @@ from pathlib import Path
 import torch
 
 from accuracy_per_minute import budget_curve, cpu_model
+from selfsup.config import load_config, stage_configs
 from selfsup.eval.run import evaluate_run, run_config
+from selfsup.launch import pretrain
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "cifar10" / "laptop"
 METHODS = ("vicreg", "barlow_twins", "byol", "nnclr", "multiview_vicreg", "mast5", "mast15", "msn", "extrema", "mae",
@@ -55,13 +64,39 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
         if all(result.get(k) == v for k, v in wanted.items()) and "random" in result:
             print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
             return result
-    result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
-                          args.calibration_steps, args.holdout, with_raw=False)
-    cfg = run_config(out / "run", [f"eval.holdout={args.holdout}"])
-    result.update(wanted, method=method,
-                  random=evaluate_run(out / "run", cfg, args.evals.split(","), baseline="random", progress=False))
+    stages = stage_configs(load_config(preset(method), data_overrides))
+    if stages:
+        result = run_staged(method, stages[0], args, data_overrides)
+    else:
+        result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
+                              args.calibration_steps, args.holdout, with_raw=False)
+        cfg = run_config(out / "run", [f"eval.holdout={args.holdout}"])
+        result["random"] = evaluate_run(out / "run", cfg, args.evals.split(","), baseline="random", progress=False)
+    result.update(wanted, method=method)
     done.write_text(json.dumps(result, indent=2))
     return result
+
+
+def run_staged(method: str, first, args: argparse.Namespace, data_overrides: list[str]) -> dict:
+    """A staged preset: the budgeted run of its first stage's method becomes stage 1, the later stages run as the
+    preset sizes them; the curve is the first method's, then the staged run's end (CPU-minutes of all stages)."""
+    base = first.cfg.method["name"]
+    preset(base)  # the first stage's method needs its own laptop preset
+    base_result = run_method(base, args, data_overrides)
+    run = Path(args.out) / method / "run"
+    stage_one = run / "stages" / f"1_{first.name}"
+    if not (stage_one / "backbone.json").is_file():
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(Path(args.out) / base / "run", stage_one, ignore=shutil.ignore_patterns("snapshots"))
+    pretrain(load_config(preset(method), [*data_overrides, f"trainer.out={run}", "trainer.export_every_steps=0"]))
+    meta = json.loads((run / "backbone.json").read_text())
+    cfg = run_config(run, [f"eval.holdout={args.holdout}"])
+    end = {"step": sum(s["steps"] for s in meta["stages"]), "cpu_min": round(meta["cpu_time_s"] / 60, 3),
+           "wall_min": round(meta["train_time_s"] / 60, 3),
+           **evaluate_run(run, cfg, args.evals.split(","), progress=False)}
+    return {"config": str(preset(method)), "continues": base, "stages": meta["stages"],
+            "steps": end["step"], "curve": [*base_result["curve"], end],
+            "random": base_result["random"]}  # the same architecture as the first method's
 
 
 def raw_pixels(args: argparse.Namespace, any_run: Path) -> dict:

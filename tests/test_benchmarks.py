@@ -267,6 +267,29 @@ def test_laptop_suite_trains_each_preset_once_and_writes_table_and_plot(tmp_path
     assert again["methods"]["vicreg"]["curve"] == suite["methods"]["vicreg"]["curve"]
 
 
+def test_laptop_suite_continues_the_first_stage_method_for_a_staged_preset(tmp_path: Path) -> None:
+    import laptop_suite
+
+    data = tiny_image_folder(tmp_path / "cifar")
+    out = tmp_path / "suite"
+    suite = laptop_suite.main(["--data", str(data), "--cpu-minutes", "0.01", "--methods", "mae_ct", "--out", str(out),
+                               "--points", "2", "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16",
+                               "eval.knn_k=5", "model.params.depth=3", "model.params.embed_dim=32",
+                               "model.params.img_size=16"])
+    assert list(suite["methods"]) == ["mae_ct"]  # MAE was trained for it, as mae/, and is not in the table
+    mae = json.loads((out / "mae" / "curve.json").read_text())
+    ct = suite["methods"]["mae_ct"]
+    assert ct["continues"] == "mae" and [s["stage"] for s in ct["stages"]] == ["mae", "head_init", "ct"]
+    assert ct["curve"][:-1] == mae["curve"] and ct["stages"][0]["steps"] == mae["steps"]
+    end = ct["curve"][-1]
+    assert end["step"] == sum(s["steps"] for s in ct["stages"]) > mae["steps"]
+    assert end["cpu_min"] == pytest.approx(sum(s["cpu_time_s"] for s in ct["stages"]) / 60, abs=1e-3)
+    assert end["cpu_min"] > mae["curve"][-1]["cpu_min"] and 0 < end["knn_top1"] <= 100
+    # MAE's own weights started the tuning: stage 1 is a copy of the MAE run, not a new one.
+    assert (out / "mae_ct" / "run" / "stages" / "1_mae" / "backbone.safetensors").read_bytes() == \
+        (out / "mae" / "run" / "backbone.safetensors").read_bytes()
+
+
 def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -> None:
     import laptop_suite
 
