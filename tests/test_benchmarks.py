@@ -298,3 +298,28 @@ def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -
     (tmp_path / "train").mkdir()
     with pytest.raises(SystemExit, match="no laptop preset .*simclr"):
         laptop_suite.main(["--data", str(tmp_path), "--methods", "vicreg,simclr"])
+
+
+def test_suite_trends_plots_each_complete_comparison_and_prints_the_gains(tmp_path: Path, capsys) -> None:
+    import suite_trends
+
+    suite = tmp_path / "suite"
+    for method, curve in {"mae": [(100, 3.0, 40.0, 45.0), (200, 6.0, 44.0, 47.5)],
+                          "mae_ct": [(100, 3.0, 40.0, 45.0), (200, 6.0, 44.0, 47.5), (260, 6.9, 49.25, 50.0)],
+                          "vicreg": [(300, 10.0, 48.0, 52.0)]}.items():
+        points = [{"step": s, "cpu_min": c, "knn_top1": k, "linear_top1": lin} for s, c, k, lin in curve]
+        points[-1].update(lowshot_1shot_mean=20.0 if method == "mae" else 22.5, cluster_acc=25.0)
+        (suite / method).mkdir(parents=True)
+        (suite / method / "curve.json").write_text(json.dumps({"curve": points}))
+    (suite / "raw.json").write_text(json.dumps({"scores": {"knn_top1": 35.0, "linear_top1": 40.0,
+                                                           "lowshot_1shot_mean": 16.0, "cluster_acc": 20.0}}))
+    out = tmp_path / "figures"
+    result = suite_trends.main(["--suite", str(suite), "--out", str(out)])
+    assert json.loads(capsys.readouterr().out) == result
+    assert list(result) == ["mae_ct"]  # mast, multiview and vit lack runs
+    assert [p.name for p in out.iterdir()] == ["cifar10_mae_ct.png"]
+    assert result["mae_ct"]["minus_mae"]["mae_ct"] == {"cpu_min": 0.9, "knn_top1": 5.25, "linear_top1": 2.5,
+                                                       "lowshot_1shot_mean": 2.5, "cluster_acc": 0.0}
+    assert result["mae_ct"]["ends"]["mae_ct"]["step"] == 260
+    with pytest.raises(SystemExit, match="no <method>/curve.json"):
+        suite_trends.main(["--suite", str(tmp_path / "empty")])
