@@ -91,23 +91,26 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``: tensors and plain Python types, never code."""
+def load_checkpoint(path: Path, fix: str | None = None) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: tensors and plain Python types, never code. ``fix``: what the
+    error tells the user to do when the file is unreadable (default: delete it and restart the run)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the file is unusable
+        fix = fix or "delete it to restart the run from scratch (or restore a backup)"
         raise CheckpointError(f"cannot read checkpoint {path}: {err}. It is corrupt or not a selfsup checkpoint; "
-                              f"delete it to restart the run from scratch (or restore a backup)") from err
+                              f"{fix}") from err
 
 
 # Keys of a run's checkpoint (checkpoints/last.pt) and their types; resuming needs all of them.
 _CHECKPOINT_KEYS: dict[str, type] = {"model": dict, "optimizer": dict, "step": int, "config": dict}
 
 
-def check_run_checkpoint(state: Any, path: Path) -> None:
+def check_run_checkpoint(state: Any, path: Path, fix: str | None = None) -> None:
     """A run's checkpoint as resuming needs it: the keys it holds, and finite weights and optimiser state. A file
-    damaged by hand (or by a run that diverged before these checks) is a :class:`CheckpointError` naming it."""
-    fix = f"delete {path} to restart the run from scratch (or restore a backup)"
+    damaged by hand (or by a run that diverged before these checks) is a :class:`CheckpointError` naming it and
+    ``fix`` (default: delete it and restart the run)."""
+    fix = fix or f"delete {path} to restart the run from scratch (or restore a backup)"
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a selfsup checkpoint (it holds a {type(state).__name__}); {fix}")
     for key, kind in _CHECKPOINT_KEYS.items():

@@ -125,6 +125,31 @@ def test_init_from_starts_a_stage_from_another_runs_weights(reference, tmp_path,
                        mae["encoder.blocks.0.attn.qkv.weight"])
 
 
+def test_a_damaged_init_from_checkpoint_stops_the_run_before_any_stage_trains(reference, tmp_path, config, capsys):
+    source = tmp_path / "source"
+    (source / "checkpoints").mkdir(parents=True)
+    state = torch.load(reference / "stages" / "1_mae" / "checkpoints" / "last.pt", weights_only=True)
+    text = config.read_text().replace("  - name: ct\n", f"  - name: ct\n    init_from: {source}\n")
+    path = tmp_path / "from_source.yaml"
+    path.write_text(text)
+    name = next(k for k in state["model"] if k.startswith("encoder."))
+    damaged = {"non-finite": {**state, "model": {**state["model"], name: torch.full_like(state["model"][name], float("nan"))}},
+               "missing model": {k: v for k, v in state.items() if k != "model"}}
+    for case, expected in [("non-finite", f"non-finite values in model.{name}"), ("missing model", "key 'model'"),
+                           ("unreadable", "cannot read checkpoint")]:
+        ckpt = source / "checkpoints" / "last.pt"
+        if case == "unreadable":
+            ckpt.write_bytes(b"not a checkpoint")
+        else:
+            torch.save(damaged[case], ckpt)
+        run = tmp_path / f"run_{case.replace(' ', '_')}"
+        capsys.readouterr()
+        assert main(["pretrain", str(path), f"trainer.out={run}"]) == 2, case
+        err = capsys.readouterr().err
+        assert expected in err and str(ckpt) in err and "point init_from at another finished run" in err, (case, err)
+        assert not (run / "stages").exists() or not any((run / "stages").glob("*/checkpoints/last.pt")), case
+
+
 def test_stage_config_errors_name_the_problem(tmp_path, config):
     cfg = load_config(config)
     assert [s.name for s in stage_configs(cfg)] == ["mae", "head", "ct"]

@@ -22,14 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfsup.checkpoint import load_checkpoint
 from selfsup.config import Config
 from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.train.metrics_log import KNNAccuracy
 from selfsup.train.optim import build_optimizer, online_encoder
-from selfsup.train.run_dir import RunDir
+from selfsup.train.run_dir import RunDir, carried_weights
 from selfsup.train.schedules import lr_wd_schedules, run_steps, scaled_lr, warmup_steps
 from selfsup.train.signals import StopSignals, TrainingInterrupted, reduced
 from selfsup.train.views import StepViews, build_view_groups, image_shape, normalization, sample_images
@@ -57,6 +56,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     stage's), matched by name; read only when the stage has no checkpoint of its own."""
     t, o, is_main = cfg.trainer, cfg.optim, fabric.global_rank == 0
     run = RunDir(fabric, cfg, allow_optim_change)  # config compatibility is checked before touching the data
+    carried_state = carried_weights(carried) if run.state is None and carried is not None else None
 
     # Data: the pretraining split decoded into memory (uint8), or listed and streamed from its files.
     data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
@@ -70,8 +70,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
-    carried_weights = load_checkpoint(carried)["model"] if run.state is None and carried is not None else None
-    params, method = plugins.build_model(cfg, channels, image_size, schedule_steps, carried_weights,
+    params, method = plugins.build_model(cfg, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
     method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
     optimizer = build_optimizer(method, o, online_encoder(method))

@@ -84,6 +84,15 @@ def run_checkpoint(run_dir: Path) -> Path:
                       "directory of a finished `selfsup pretrain`")
 
 
+def carried_weights(path: Path) -> dict[str, Any]:
+    """The method weights a fresh stage starts from: the checkpoint of the previous stage or of ``init_from``,
+    checked as a resume checks its own (readable, complete, finite)."""
+    fix = f"point init_from at another finished run, or re-run the run that wrote {path}"
+    state = load_checkpoint(path, fix)
+    check_run_checkpoint(state, path, fix)
+    return state["model"]
+
+
 class RunDir:
     """One stage's run directory (``cfg.trainer.out``) during training, on every process.
 

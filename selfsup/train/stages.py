@@ -15,7 +15,7 @@ from selfsup.checkpoint import CHECKPOINT, atomic_write, read_backbone_meta
 from selfsup.config import Config, save_config, stage_configs, to_dict
 from selfsup.train.loop import Plugins, train
 from selfsup.train.metrics_log import MetricsLog
-from selfsup.train.run_dir import check_resume_compatible, run_checkpoint
+from selfsup.train.run_dir import carried_weights, check_resume_compatible, run_checkpoint
 
 log = logging.getLogger("selfsup")
 
@@ -37,8 +37,12 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, saved)
+    stages = stage_configs(cfg)
+    for stage in stages:  # a damaged init_from checkpoint stops the run now, not after the stages before it
+        if stage.init_from is not None and not (Path(stage.cfg.trainer.out) / "backbone.json").is_file():
+            carried_weights(run_checkpoint(Path(stage.init_from)))
     carried, rows, done = None, [], []
-    for number, stage in enumerate(stage_configs(cfg), start=1):
+    for number, stage in enumerate(stages, start=1):
         stage_dir = Path(stage.cfg.trainer.out)
         if stage.init_from is not None:
             carried = run_checkpoint(Path(stage.init_from))
