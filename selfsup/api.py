@@ -179,7 +179,8 @@ def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allo
     :class:`selfsup.config.Config`. Overrides as on the command line (``"trainer.max_steps=20"``) or as keyword
     sections (``trainer={"max_steps": 20}``, or ``trainer__max_steps=20``).
     """
-    from selfsup.cli import pretrain_config, run_pretrain as run
+    from selfsup.cli import pretrain_config
+    from selfsup.launch import pretrain as run
     from selfsup.config import Config, deep_merge, from_dict, parse_overrides, to_dict
 
     extra = _overrides(overrides, sections)

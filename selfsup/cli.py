@@ -42,28 +42,10 @@ def pretrain_config(target: Path, overrides: list[str]) -> "Config":
     return load_config(target, overrides)
 
 
-def run_pretrain(cfg: "Config", allow_optim_change: bool = False) -> Path:
-    """Train ``cfg`` into ``trainer.out`` (what ``selfsup pretrain`` and ``selfsup.pretrain`` run)."""
+def cmd_pretrain(args: argparse.Namespace) -> None:
     from selfsup.launch import pretrain
 
-    check_data_size(cfg)
-    return pretrain(cfg, allow_optim_change=allow_optim_change)
-
-
-def cmd_pretrain(args: argparse.Namespace) -> None:
-    run_pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
-
-
-def check_data_size(cfg: "Config") -> None:
-    """Method settings that depend on the number of training images (NNCLR's queue must stay below it), checked
-    before training; the data is counted only for methods that have such a check. Here rather than in the engine,
-    which builds the method without the dataset's size."""
-    from selfsup.data.stream import split_size
-    from selfsup.methods import check_dataset, method_config
-
-    for c in [stage.cfg for stage in stage_configs(cfg)] or [cfg]:
-        if hasattr(method_config(c.method)[1], "check_dataset"):
-            check_dataset(c.method, split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
+    pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -16,7 +16,8 @@ from selfsup.config import Config, ConfigError, stage_configs
 from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS
 from selfsup.eval.monitor import build_knn_monitor
-from selfsup.methods import method_config
+from selfsup.data.stream import split_size
+from selfsup.methods import check_dataset, method_config
 from selfsup.methods.assemble import assemble_model
 from selfsup.models import BACKBONES
 from selfsup.train.loggers import check_loggers
@@ -67,6 +68,14 @@ def validate(cfg: Config) -> None:
     check_loggers(cfg.trainer.loggers)
 
 
+def check_data_size(cfg: Config) -> None:
+    """Method settings that depend on the number of training images (NNCLR's queue must stay below it), checked
+    before training; the data is counted (file names only) just for methods that have such a check."""
+    for c in [stage.cfg for stage in stage_configs(cfg)] or [cfg]:
+        if hasattr(method_config(c.method)[1], "check_dataset"):
+            check_dataset(c.method, split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
+
+
 def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     """Pretrain ``cfg.method`` and export the backbone into ``cfg.trainer.out``; resumes an existing run.
 
@@ -77,6 +86,7 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     from lightning.fabric import Fabric
 
     validate(cfg)
+    check_data_size(cfg)
     t = cfg.trainer
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
