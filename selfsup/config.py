@@ -345,21 +345,40 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
+def merge_indexed(items: list[Any], update: dict[str, Any], section: str, views: list[Any]) -> list[Any]:
+    """``section.<i>.<key>=value`` overrides of a list section (``views``, ``stages``): element ``i`` (a stage may
+    also be named) is edited key by key. A stage's ``views.<j>`` edits that stage's views, or the run's ``views``
+    that a stage without its own inherits."""
+    items = [dict(v) if isinstance(v, dict) else v for v in items]
+    names = [v.get("name") if isinstance(v, dict) else None for v in items]
+    for key, change in update.items():
+        index = int(key) if str(key).isdigit() else names.index(key) if key in names else -1
+        if not 0 <= index < len(items):
+            if not items:
+                raise ConfigError(f"{section}.{key}: the config has no {section} to edit; give the list in the YAML")
+            what = "view specs" if section.endswith("views") else "stages"
+            named = f" or a stage's name ({', '.join(map(str, names))})" if what == "stages" else ""
+            raise ConfigError(f"{section}.{key}: there are {len(items)} {what}; use an index in "
+                              f"0..{len(items) - 1}{named}")
+        if not isinstance(change, dict):
+            raise ConfigError(f"{section}.{key} must be overridden key by key, e.g. "
+                              f"{section}.{key}.{'num=2' if section.endswith('views') else 'trainer.max_steps=100'}")
+        if section == "stages" and isinstance(change.get("views"), dict):
+            change = {**change, "views": merge_indexed(items[index].get("views") or views, change["views"],
+                                                      f"stages.{key}.views", views)}
+        items[index] = deep_merge(items[index], change)
+    return items
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load YAML (or the defaults), apply ``key=value`` overrides and validate everything."""
     raw = load_yaml(path) if path is not None else {}
     tree = parse_overrides(overrides or [])
-    views_override = tree.get("views")
-    if isinstance(views_override, dict):  # views.<i>.<key>=value edits one list element
-        views = [dict(v) for v in raw.get("views", [dataclasses.asdict(v) for v in Config().views])]
-        for key, update in views_override.items():
-            index = int(key) if str(key).isdigit() else -1
-            if not 0 <= index < len(views):
-                raise ConfigError(f"views.{key}: there are {len(views)} view specs; use an index in 0..{len(views) - 1}")
-            if not isinstance(update, dict):
-                raise ConfigError(f"views.{index} must be overridden key by key, e.g. views.{index}.num=2")
-            views[index] = deep_merge(views[index], update)
-        tree["views"] = views
+    views = raw.get("views", [dataclasses.asdict(v) for v in Config().views])
+    if isinstance(tree.get("views"), dict):  # views.<i>.<key>=value edits one view spec
+        tree["views"] = merge_indexed(views, tree["views"], "views", views)
+    if isinstance(tree.get("stages"), dict):  # stages.<i or name>.<key>=value edits one stage
+        tree["stages"] = merge_indexed(raw.get("stages") or [], tree["stages"], "stages", views)
     cfg = from_dict(Config, deep_merge(raw, tree))
     check_method_sections(cfg)
     return cfg

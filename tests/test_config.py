@@ -130,6 +130,29 @@ def test_views_override_index_out_of_range() -> None:
         load_config(overrides=["views.5.num=2"])
 
 
+def test_stage_overrides_edit_one_stage_by_index_or_name() -> None:
+    from selfsup.config import stage_configs
+
+    preset = Path(__file__).parents[1] / "configs" / "cifar10" / "laptop" / "mae_ct.yaml"
+    cfg = load_config(preset, ["stages.ct.trainer.max_steps=7", "stages.1.optim.lr=0.004", "stages.ct.views.0.size=24",
+                               "stages.mae.views.0.size=28"])
+    mae, head, ct = (s.cfg for s in stage_configs(cfg))
+    assert (head.optim.lr, head.trainer.epochs, head.trainer.max_steps) == (0.004, 0.5, None)
+    assert (ct.trainer.max_steps, ct.views[0].size, ct.optim.lr, ct.method["topk"]) == (7, 24, 2e-3, 20)
+    assert ct.optim.layer_decay == 0.65 and ct.views[0].num == 2  # the rest of each stage as the YAML has it
+    # the mae stage has no views of its own: its edit applies to the run's views, which it inherits
+    assert mae.views[0].size == 28 and cfg.views[0].size is None and [v.size for v in head.views] == [None]
+    for bad, message in [("stages.3.trainer.max_steps=1", r"there are 3 stages; use an index in 0..2 or a stage's "
+                                                          r"name \(mae, head_init, ct\)"),
+                         ("stages.cct.trainer.max_steps=1", "stages.cct"),
+                         ("stages.ct=3", "stages.ct must be overridden key by key"),
+                         ("stages.ct.views.2.num=1", r"stages.ct.views.2: there are 1 view specs")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(preset, [bad])
+    with pytest.raises(ConfigError, match="the config has no stages to edit"):
+        load_config(overrides=["stages.0.trainer.max_steps=1"])
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
