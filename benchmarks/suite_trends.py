@@ -53,9 +53,10 @@ def plot(name: str, methods: tuple[str, ...], claim: str, runs: dict[str, dict],
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (key, label) in zip(axes[:2], CURVES):
-        for m in methods:
-            points = [p for p in runs[m]["curve"] if key in p]
-            ax.plot([p["cpu_min"] for p in points], [p[key] for p in points], marker="o", label=m)
+        for i, m in enumerate(methods):  # styles differ so that curves that share points (a staged run's first
+            points = [p for p in runs[m]["curve"] if key in p]  # stage is another method's run) stay visible
+            ax.plot([p["cpu_min"] for p in points], [p[key] for p in points], label=m, marker="os^"[i % 3],
+                    linestyle=("-", "--", ":")[i % 3], linewidth=max(3.0 - 1.0 * i, 1.0))
         if key in raw:
             ax.axhline(raw[key], color="gray", linestyle="--", label="raw pixels")
         ax.set_xlabel("training CPU-minutes")
