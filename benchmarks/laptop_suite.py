@@ -64,6 +64,8 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
         if all(result.get(k) == v for k, v in wanted.items()) and "random" in result:
             print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
             return result
+    if not load_config(preset(method)).stages:  # `stages.*` overrides are for the staged presets only
+        data_overrides = [o for o in data_overrides if not o.startswith("stages.")]
     stages = stage_configs(load_config(preset(method), data_overrides))
     if stages:
         result = run_staged(method, stages[0], args, data_overrides)
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--evals", default="knn,linear,lowshot,cluster")
     parser.add_argument("--calibration-steps", type=int, default=40, help="steps that measure CPU-s per step")
     parser.add_argument("--out", default="runs/laptop_suite")
-    parser.add_argument("overrides", nargs="*", help="key=value applied to every preset (e.g. for a smoke test)")
+    parser.add_argument("overrides", nargs="*", help="key=value applied to every preset (e.g. for a smoke test); "
+                        "stages.* ones to the staged presets only")
     args = parser.parse_args(argv)
     if not (Path(args.data) / "train").is_dir():
         raise SystemExit(f"error: {args.data} has no train/ folder; pass --data the folder that holds "

@@ -86,4 +86,5 @@ def test_the_readme_override_examples_survive_a_shell() -> None:
     for example in examples:
         args = shlex.split(example)
         assert len(args) == 1, example
-        validate(load_config(REPO / "configs/fashion_mnist/quickstart.yaml", args))
+        config = "mae_ct.yaml" if example.startswith("stages.") else "quickstart.yaml"  # a staged config's stages
+        validate(load_config(REPO / "configs/fashion_mnist" / config, args))
