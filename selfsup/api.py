@@ -180,8 +180,8 @@ def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allo
     sections (``trainer={"max_steps": 20}``, or ``trainer__max_steps=20``).
     """
     from selfsup.cli import pretrain_config
-    from selfsup.launch import pretrain as run
     from selfsup.config import Config, deep_merge, from_dict, parse_overrides, to_dict
+    from selfsup.launch import pretrain as run
 
     extra = _overrides(overrides, sections)
     if isinstance(config, Config):

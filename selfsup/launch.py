@@ -15,8 +15,8 @@ import torch
 from selfsup.config import Config, ConfigError, stage_configs
 from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS
-from selfsup.eval.monitor import build_knn_monitor
 from selfsup.data.stream import split_size
+from selfsup.eval.monitor import build_knn_monitor
 from selfsup.methods import check_dataset, method_config
 from selfsup.methods.assemble import assemble_model
 from selfsup.models import BACKBONES
