@@ -64,9 +64,10 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
 
 def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, out: Path, points: int = 6,
                  evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None,
-                 steps: int | None = None, with_raw: bool = True) -> dict:
+                 steps: int | None = None, with_raw: bool = True, with_random: bool = False) -> dict:
     """Calibrate, train for ``cpu_minutes`` (or exactly ``steps``), evaluate the snapshots (and, ``with_raw``, raw
-    pixels); the result dict (also written to ``out``)."""
+    pixels; ``with_random``, a random-init network of the run's architecture); the result dict, written to ``out``
+    once every number is in it."""
     if (cpu_minutes is None) == (steps is None):
         raise ValueError("give exactly one of cpu_minutes (a CPU budget) and steps (a fixed length)")
     per_step = None
@@ -93,6 +94,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
         curve.append({"step": meta["steps"], "cpu_min": round(meta["cpu_time_s"] / 60, 3),
                       "wall_min": round(meta["train_time_s"] / 60, 3), **scores})
     raw = evaluate_run(run, cfg, kinds, baseline="raw", progress=False) if with_raw else None
+    random = evaluate_run(run, cfg, kinds, baseline="random", progress=False) if with_random else None
     run_per_step = curve[-1]["cpu_min"] * 60 / curve[-1]["step"]
     if per_step is not None and abs(run_per_step / per_step - 1) > 0.15:
         print(f"warning: the run took {run_per_step:.3f} CPU-s per step, the calibration {per_step:.3f}: it used "
@@ -100,9 +102,10 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
               f"arms run at different times at equal steps (--steps {steps}), not equal budgets", file=sys.stderr)
     result = {"config": config, "overrides": overrides, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
               "eval_set": cfg.data.eval_split if holdout is None else f"held-out {holdout} of {cfg.data.train_split}",
-              "cpu_minutes_budget": cpu_minutes,
+              "cpu_minutes_budget": cpu_minutes, "holdout": holdout, "evals": evals,
               "calibration_cpu_s_per_step": None if per_step is None else round(per_step, 4),
-              "run_cpu_s_per_step": round(run_per_step, 4), "steps": steps, "curve": curve, "raw": raw}
+              "run_cpu_s_per_step": round(run_per_step, 4), "steps": steps, "curve": curve, "raw": raw,
+              **({"random": random} if with_random else {})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps(result, indent=2))
     plot_curve(result, out / "curve.png")

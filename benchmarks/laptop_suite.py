@@ -71,9 +71,7 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
         result = run_staged(method, stages[0], args, data_overrides)
     else:
         result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
-                              args.calibration_steps, args.holdout, with_raw=False)
-        cfg = run_config(out / "run", [f"eval.holdout={args.holdout}"])
-        result["random"] = evaluate_run(out / "run", cfg, args.evals.split(","), baseline="random", progress=False)
+                              args.calibration_steps, args.holdout, with_raw=False, with_random=True)
     result.update(wanted, method=method)
     done.write_text(json.dumps(result, indent=2))
     return result

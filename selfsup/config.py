@@ -72,7 +72,9 @@ class Range:
 
 @dataclass(frozen=True)
 class NonEmpty:
-    """A list field that needs at least one element: ``Annotated[list[int], NonEmpty()]``."""
+    """A list or string field that needs at least one element: ``Annotated[list[int], NonEmpty()]``."""
+
+    example: str = ""
 
 
 # The common ranges, by name. Fields with another range, or an example in the message, spell out their Range.
@@ -169,7 +171,7 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    out: str = "runs/default"
+    out: Annotated[str, NonEmpty(example="runs/my_run")] = "runs/default"  # '' would write the run into the cwd
     epochs: NonNegative = 10.0
     max_steps: NonNegativeInt | None = None  # overrides epochs when set; 0 exports the initial backbone
     # global batch (images); each process gets batch_size / world_size
@@ -349,6 +351,9 @@ def merge_indexed(items: list[Any], update: dict[str, Any], section: str, views:
     """``section.<i>.<key>=value`` overrides of a list section (``views``, ``stages``): element ``i`` (a stage may
     also be named) is edited key by key. A stage's ``views.<j>`` edits that stage's views, or the run's ``views``
     that a stage without its own inherits."""
+    what = "view specs" if section.endswith("views") else "stages"
+    if not isinstance(items, list):
+        raise ConfigError(f"{section} in the YAML is {items!r}; give a list of {what} (mappings) to edit")
     items = [dict(v) if isinstance(v, dict) else v for v in items]
     names = [v.get("name") if isinstance(v, dict) else None for v in items]
     for key, change in update.items():
@@ -356,13 +361,15 @@ def merge_indexed(items: list[Any], update: dict[str, Any], section: str, views:
         if not 0 <= index < len(items):
             if not items:
                 raise ConfigError(f"{section}.{key}: the config has no {section} to edit; give the list in the YAML")
-            what = "view specs" if section.endswith("views") else "stages"
             named = f" or a stage's name ({', '.join(map(str, names))})" if what == "stages" else ""
             raise ConfigError(f"{section}.{key}: there are {len(items)} {what}; use an index in "
                               f"0..{len(items) - 1}{named}")
         if not isinstance(change, dict):
             raise ConfigError(f"{section}.{key} must be overridden key by key, e.g. "
                               f"{section}.{key}.{'num=2' if section.endswith('views') else 'trainer.max_steps=100'}")
+        if not isinstance(items[index], dict):
+            raise ConfigError(f"{section}.{key} in the YAML is {items[index]!r}; each of the {what} is a mapping "
+                              f"(e.g. {'size: 32' if what == 'view specs' else 'name: ct'}) before it can be edited")
         if section == "stages" and isinstance(change.get("views"), dict):
             change = {**change, "views": merge_indexed(items[index].get("views") or views, change["views"],
                                                       f"stages.{key}.views", views)}
@@ -433,7 +440,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             if isinstance(rule, Range) and not rule.allows(value):
                 raise _BadValue(path, value, f"use {rule.describe('an integer' if args[0] is int else 'a number')}")
             if isinstance(rule, NonEmpty) and not value:
-                raise _BadValue(path, value, "use a list of at least one element")
+                kind = "a non-empty string" if isinstance(value, str) else "a list of at least one element"
+                raise _BadValue(path, value, f"use {kind}" + (f", e.g. {rule.example}" if rule.example else ""))
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

@@ -267,6 +267,33 @@ def test_laptop_suite_trains_each_preset_once_and_writes_table_and_plot(tmp_path
     assert again["methods"]["vicreg"]["curve"] == suite["methods"]["vicreg"]["curve"]
 
 
+def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A kill right after the budgeted run and its evaluations (before the suite's own bookkeeping) loses nothing:
+    curve.json is written once, with the random network's scores, so the next invocation reuses it."""
+    import laptop_suite
+
+    data = tiny_image_folder(tmp_path / "cifar")
+    out = tmp_path / "suite"
+    argv = ["--data", str(data), "--cpu-minutes", "0.01", "--methods", "vicreg", "--out", str(out), "--points", "1",
+            "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
+            "model.params.stage_widths=[4,8,8,16]"]
+    real = laptop_suite.budget_curve
+
+    def killed(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(laptop_suite, "budget_curve", killed)
+    with pytest.raises(KeyboardInterrupt):
+        laptop_suite.main(argv)
+    monkeypatch.setattr(laptop_suite, "budget_curve", real)
+    stamp = (out / "vicreg" / "run" / "backbone.safetensors").stat().st_mtime_ns
+    suite = laptop_suite.main(argv)
+    assert "not retrained" in capsys.readouterr().err
+    assert (out / "vicreg" / "run" / "backbone.safetensors").stat().st_mtime_ns == stamp
+    assert 0 < suite["methods"]["vicreg"]["random"]["knn_top1"] <= 100
+
+
 def test_laptop_suite_continues_the_first_stage_method_for_a_staged_preset(tmp_path: Path) -> None:
     import laptop_suite
 

@@ -153,6 +153,17 @@ def test_stage_overrides_edit_one_stage_by_index_or_name() -> None:
         load_config(overrides=["stages.0.trainer.max_steps=1"])
 
 
+def test_list_overrides_of_a_malformed_yaml_list_are_config_errors(tmp_path: Path) -> None:
+    """A ``stages.<i>``/``views.<i>`` override on a YAML whose list (or its element) is not a mapping: one line."""
+    for yaml_text, override, message in [
+        ("stages: [3]\n", "stages.0.trainer.max_steps=1", r"stages.0 in the YAML is 3; each of the stages is a mapping"),
+        ("stages: 3\n", "stages.0.trainer.max_steps=1", "stages in the YAML is 3; give a list of stages"),
+        ("views: [4]\n", "views.0.num=2", "views.0 in the YAML is 4; each of the view specs is a mapping"),
+        ("views: abc\n", "views.0.num=2", "views in the YAML is 'abc'; give a list of view specs")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(_write(tmp_path / "c.yaml", yaml_text), [override])
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

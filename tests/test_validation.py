@@ -136,7 +136,8 @@ def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None
     argv = [*argv_for("pretrain", key, value, workdir)[:2], f"trainer.out={out}", "trainer.max_steps=2",
             "monitor.knn_every_steps=1", "monitor.knn_train_size=200", "monitor.knn_test_size=100",
             "monitor.collapse_every_steps=1", *argv_for("pretrain", key, value, workdir)[3:]]
-    code, err = cli(argv)
+    with contextlib.chdir(out):  # a drawn relative trainer.out (trainer.out=-1e300) lands here, not in the checkout
+        code, err = cli(argv)
     assert_clean(code, err, argv, diverged_ok=True)
 
 
@@ -165,8 +166,10 @@ def test_every_key_with_every_boundary_value(workdir, monkeypatch) -> None:
     ("monitor.knn_temperature=0", "monitor.knn_temperature: 0.0; use a number > 0"),
     ("monitor.knn_train_size=0", "monitor.knn_train_size: 0; use an integer >= 1"),
     ("method.expander=[0]", "method.expander.0: 0"),
+    ("trainer.out=''", "trainer.out: ''; use a non-empty string, e.g. runs/my_run"),  # '' was the cwd
 ])
-def test_pretrain_refuses_bad_values_before_any_work(workdir, tmp_path, override, named) -> None:
+def test_pretrain_refuses_bad_values_before_any_work(workdir, tmp_path, monkeypatch, override, named) -> None:
+    monkeypatch.chdir(tmp_path)  # where trainer.out='' would write
     argv = ["pretrain", str(workdir / "run.yaml"), f"trainer.out={tmp_path / 'run'}", "trainer.max_steps=2",
             "monitor.knn_every_steps=1", override]
     code, err = cli(argv)
