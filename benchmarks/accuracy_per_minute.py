@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import platform
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from selfsup.config import load_config
+from selfsup.config import Config, load_config
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
 
@@ -62,6 +63,23 @@ def cpu_seconds_per_step(run_dir: Path) -> float:
     return (c1 - c0) / (s1 - s0)
 
 
+def steps_per_epoch(run_dir: Path) -> int:
+    """Steps per epoch of a run, from its last metrics.csv row (``epoch`` = step / steps per epoch)."""
+    with (run_dir / "metrics.csv").open() as f:
+        last = [r for r in csv.DictReader(f) if r.get("epoch")][-1]
+    return max(1, round(int(last["step"]) / float(last["epoch"])))
+
+
+def calibrate(cfg: Config, out: Path, steps: int) -> tuple[float, int]:
+    """Train ``cfg`` for ``steps`` steps into ``out`` (no exports, no monitors): its training CPU-s per step on this
+    machine and its steps per epoch."""
+    trainer = dataclasses.replace(cfg.trainer, out=str(out), max_steps=steps, log_every_steps=max(1, steps // 4),
+                                  export_every_steps=0)
+    monitor = dataclasses.replace(cfg.monitor, knn_every_steps=0, collapse_every_steps=0)
+    pretrain(dataclasses.replace(cfg, trainer=trainer, monitor=monitor))
+    return cpu_seconds_per_step(out), steps_per_epoch(out)
+
+
 def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, out: Path, points: int = 6,
                  evals: str = "knn,linear", calibration_steps: int = 40, holdout: float | None = None,
                  steps: int | None = None, with_raw: bool = True, with_random: bool = False) -> dict:
@@ -72,13 +90,7 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
         raise ValueError("give exactly one of cpu_minutes (a CPU budget) and steps (a fixed length)")
     per_step = None
     if steps is None:
-        log_every = max(1, calibration_steps // 4)
-        calibration = out / "calibration"
-        pretrain(load_config(config, [*overrides, f"trainer.out={calibration}",
-                                      f"trainer.max_steps={calibration_steps}", f"trainer.log_every_steps={log_every}",
-                                      "trainer.export_every_steps=0", "monitor.knn_every_steps=0",
-                                      "monitor.collapse_every_steps=0"]))
-        per_step = cpu_seconds_per_step(calibration)
+        per_step, _ = calibrate(load_config(config, overrides), out / "calibration", calibration_steps)
         steps = max(points, int(cpu_minutes * 60 / per_step))
 
     run = out / "run"

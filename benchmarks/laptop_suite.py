@@ -15,10 +15,10 @@ same budget, hold-out and evaluations is not retrained), ``suite.json`` (every n
 method, raw pixels dashed). Prints ``suite.json``'s content as its last stdout line.
 
 A staged preset (``stages:``, e.g. ``mae_ct.yaml``: MAE, then the CT head's initialisation, then contrastive tuning)
-continues the run of the preset named after its first stage's method (``mae``), trained first if it is not done: that
-run becomes the staged run's first stage, and the later stages run for the lengths the preset gives them. Its curve
-is the first method's curve followed by the staged run's end, whose CPU-minutes include both (MAE-CT costs what MAE
-cost plus the tuning).
+fits the same budget as a whole: each later stage is calibrated and costs the steps the preset gives it, and the first
+stage (the preset named after its method, ``mae``) is sized to what is left, into ``<method>/first/``. The later
+stages continue it. Its curve is the first stage's snapshots followed by the staged run's end, whose CPU-minutes are
+all the stages' (MAE-CT at 30 minutes: MAE for what the tuning leaves, then the tuning).
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from pathlib import Path
 
 import torch
 
-from accuracy_per_minute import budget_curve, cpu_model
+from accuracy_per_minute import budget_curve, calibrate, cpu_model
 from selfsup.config import load_config, stage_configs
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
+from selfsup.train.schedules import run_steps
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "cifar10" / "laptop"
 METHODS = ("vicreg", "barlow_twins", "byol", "nnclr", "multiview_vicreg", "mast5", "mast15", "msn", "extrema", "mae",
@@ -68,7 +69,7 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
         data_overrides = [o for o in data_overrides if not o.startswith("stages.")]
     stages = stage_configs(load_config(preset(method), data_overrides))
     if stages:
-        result = run_staged(method, stages[0], args, data_overrides)
+        result = run_staged(method, stages, args, data_overrides)
     else:
         result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
                               args.calibration_steps, args.holdout, with_raw=False, with_random=True)
@@ -77,26 +78,49 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
     return result
 
 
-def run_staged(method: str, first, args: argparse.Namespace, data_overrides: list[str]) -> dict:
-    """A staged preset: the budgeted run of its first stage's method becomes stage 1, the later stages run as the
-    preset sizes them; the curve is the first method's, then the staged run's end (CPU-minutes of all stages)."""
-    base = first.cfg.method["name"]
-    preset(base)  # the first stage's method needs its own laptop preset
-    base_result = run_method(base, args, data_overrides)
-    run = Path(args.out) / method / "run"
-    stage_one = run / "stages" / f"1_{first.name}"
+def run_staged(method: str, stages: list, args: argparse.Namespace, data_overrides: list[str]) -> dict:
+    """A staged preset within the budget: each later stage is calibrated (its CPU-s per step times the steps the
+    preset gives it); the first stage is its method's own preset sized to what is left, its snapshots evaluated like
+    any method's; the later stages then continue it. The curve is the first stage's, then the staged run's end."""
+    out = Path(args.out) / method
+    later_file = out / "later_stages.json"  # kept, so a resumed suite sizes the first stage as before
+    later = json.loads(later_file.read_text()) if later_file.is_file() else {}
+    for stage in stages[1:]:
+        if stage.name not in later:
+            per_step, per_epoch = calibrate(stage.cfg, out / f"calibration_{stage.name}", args.calibration_steps)
+            steps = run_steps(stage.cfg.trainer, per_epoch)
+            later[stage.name] = {"steps": steps, "cpu_s_per_step": round(per_step, 4),
+                                 "cpu_min": round(steps * per_step / 60, 3)}
+            out.mkdir(parents=True, exist_ok=True)
+            later_file.write_text(json.dumps(later, indent=2))
+    first_budget = args.cpu_minutes - sum(s["cpu_min"] for s in later.values())
+    if first_budget <= 0:
+        raise SystemExit(f"error: {method}'s later stages ({', '.join(later)}) need "
+                         f"{sum(s['cpu_min'] for s in later.values()):.1f} of the {args.cpu_minutes:g} CPU-minutes on "
+                         f"this machine; raise --cpu-minutes or shorten them, e.g. stages.{stages[-1].name}."
+                         f"trainer.epochs=0.5")
+    base = stages[0].cfg.method["name"]
+    first = out / "first"
+    done = first / "curve.json"
+    result = json.loads(done.read_text()) if done.is_file() else {}
+    if not (result.get("cpu_minutes_budget") == first_budget and "random" in result):
+        base_overrides = [o for o in data_overrides if not o.startswith("stages.")]
+        result = budget_curve(str(preset(base)), base_overrides, first_budget, first, args.points, args.evals,
+                              args.calibration_steps, args.holdout, with_raw=False, with_random=True)
+    run = out / "run"
+    stage_one = run / "stages" / f"1_{stages[0].name}"
     if not (stage_one / "backbone.json").is_file():
         shutil.rmtree(run, ignore_errors=True)
-        shutil.copytree(Path(args.out) / base / "run", stage_one, ignore=shutil.ignore_patterns("snapshots"))
+        shutil.copytree(first / "run", stage_one, ignore=shutil.ignore_patterns("snapshots"))
     pretrain(load_config(preset(method), [*data_overrides, f"trainer.out={run}", "trainer.export_every_steps=0"]))
     meta = json.loads((run / "backbone.json").read_text())
     cfg = run_config(run, [f"eval.holdout={args.holdout}"])
     end = {"step": sum(s["steps"] for s in meta["stages"]), "cpu_min": round(meta["cpu_time_s"] / 60, 3),
            "wall_min": round(meta["train_time_s"] / 60, 3),
            **evaluate_run(run, cfg, args.evals.split(","), progress=False)}
-    return {"config": str(preset(method)), "continues": base, "stages": meta["stages"],
-            "steps": end["step"], "curve": [*base_result["curve"], end],
-            "random": base_result["random"]}  # the same architecture as the first method's
+    return {"config": str(preset(method)), "first_stage": {"method": base, "cpu_minutes_budget": first_budget},
+            "later_stages": later, "stages": meta["stages"], "steps": end["step"], "curve": [*result["curve"], end],
+            "random": result["random"]}  # the first stage's architecture
 
 
 def raw_pixels(args: argparse.Namespace, any_run: Path) -> dict:

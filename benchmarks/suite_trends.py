@@ -17,7 +17,7 @@ from pathlib import Path
 
 # name: (methods, the paper's claim the figure checks); the first method is the reference.
 COMPARISONS = {
-    "mae_ct": (("mae", "mae_ct"), "MAE-CT: contrastive tuning lifts MAE's kNN and clustering for a little compute"),
+    "mae_ct": (("mae", "mae_ct"), "MAE-CT: MAE then contrastive tuning, against MAE, at one budget"),
     "mast": (("vicreg", "mast5", "mast15"), "MAST: low-shot above VICReg; MAST-15 above MAST-5"),
     "multiview": (("vicreg", "multiview_vicreg"), "Multi-view: more views with a small projector"),
     "vit": (("msn", "extrema", "mae"), "The ViT methods at one budget"),

@@ -294,28 +294,43 @@ def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, mon
     assert 0 < suite["methods"]["vicreg"]["random"]["knn_top1"] <= 100
 
 
-def test_laptop_suite_continues_the_first_stage_method_for_a_staged_preset(tmp_path: Path) -> None:
+def test_laptop_suite_fits_a_staged_preset_into_the_budget(tmp_path: Path, capsys) -> None:
+    """MAE-CT at a budget: the tuning stages are calibrated and the MAE stage gets what they leave."""
     import laptop_suite
 
     data = tiny_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
-    suite = laptop_suite.main(["--data", str(data), "--cpu-minutes", "0.01", "--methods", "mae_ct", "--out", str(out),
-                               "--points", "2", "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16",
-                               "eval.knn_k=5", "model.params.depth=3", "model.params.embed_dim=32",
-                               "model.params.img_size=16", "stages.head_init.method.queue_size=32",
-                               "stages.ct.method.queue_size=32"])  # below the 72 images (mae's run ignores them)
-    assert list(suite["methods"]) == ["mae_ct"]  # MAE was trained for it, as mae/, and is not in the table
-    mae = json.loads((out / "mae" / "curve.json").read_text())
+    argv = ["--data", str(data), "--cpu-minutes", "0.03", "--methods", "mae_ct", "--out", str(out), "--points", "2",
+            "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
+            "model.params.depth=3", "model.params.embed_dim=32", "model.params.img_size=16",
+            "stages.head_init.method.queue_size=32", "stages.ct.method.queue_size=32",  # below the 72 images
+            "stages.head_init.trainer.max_steps=3", "stages.ct.trainer.epochs=2"]  # 4 steps an epoch here
+    suite = laptop_suite.main(argv)
+    assert list(suite["methods"]) == ["mae_ct"] and not (out / "mae").exists()  # no separate MAE run
     ct = suite["methods"]["mae_ct"]
-    assert ct["continues"] == "mae" and [s["stage"] for s in ct["stages"]] == ["mae", "head_init", "ct"]
-    assert ct["curve"][:-1] == mae["curve"] and ct["stages"][0]["steps"] == mae["steps"]
+    later = ct["later_stages"]
+    assert list(later) == ["head_init", "ct"] and (later["head_init"]["steps"], later["ct"]["steps"]) == (3, 8)
+    for stage in later.values():
+        assert stage["cpu_min"] == pytest.approx(stage["steps"] * stage["cpu_s_per_step"] / 60, abs=1e-3)
+    assert ct["first_stage"]["cpu_minutes_budget"] == pytest.approx(0.03 - sum(s["cpu_min"] for s in later.values()))
+    first = json.loads((out / "mae_ct" / "first" / "curve.json").read_text())
+    assert first["cpu_minutes_budget"] == ct["first_stage"]["cpu_minutes_budget"]
+    assert [s["stage"] for s in ct["stages"]] == ["mae", "head_init", "ct"]
+    assert [s["steps"] for s in ct["stages"]] == [first["steps"], 3, 8]
+    assert ct["curve"][:-1] == first["curve"]
     end = ct["curve"][-1]
-    assert end["step"] == sum(s["steps"] for s in ct["stages"]) > mae["steps"]
+    assert end["step"] == first["steps"] + 11
     assert end["cpu_min"] == pytest.approx(sum(s["cpu_time_s"] for s in ct["stages"]) / 60, abs=1e-3)
-    assert end["cpu_min"] > mae["curve"][-1]["cpu_min"] and 0 < end["knn_top1"] <= 100
-    # MAE's own weights started the tuning: stage 1 is a copy of the MAE run, not a new one.
+    assert 0 < end["knn_top1"] <= 100 and 0 < ct["random"]["knn_top1"] <= 100
+    # The tuning started from the sized MAE run's own weights: stage 1 is a copy of it.
     assert (out / "mae_ct" / "run" / "stages" / "1_mae" / "backbone.safetensors").read_bytes() == \
-        (out / "mae" / "run" / "backbone.safetensors").read_bytes()
+        (out / "mae_ct" / "first" / "run" / "backbone.safetensors").read_bytes()
+    # Resumable as a whole (the calibrations kept); a budget the tuning alone exceeds is refused before training.
+    assert laptop_suite.main(argv)["methods"]["mae_ct"] == ct and "not retrained" in capsys.readouterr().err
+    argv[argv.index("--cpu-minutes") + 1], argv[argv.index("--out") + 1] = "0.03", str(tmp_path / "other")
+    with pytest.raises(SystemExit, match=r"mae_ct's later stages \(head_init, ct\) need .* CPU-minutes"):
+        laptop_suite.main([*argv, "stages.ct.trainer.epochs=1000"])
+    assert not (tmp_path / "other" / "mae_ct" / "first").exists()
 
 
 def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -> None:
