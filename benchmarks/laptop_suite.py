@@ -161,15 +161,16 @@ def plot_suite(suite: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     metrics = [k for k in ("knn_top1", "linear_top1") if k in suite["raw"]]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics) + 1.5, 4), squeeze=False)
     for ax, key in zip(axes[0], metrics):
-        for method, r in suite["methods"].items():
-            ax.plot([p["cpu_min"] for p in r["curve"]], [p[key] for p in r["curve"]], marker="o", label=method)
+        for i, (method, r) in enumerate(suite["methods"].items()):  # 11 presets: the 10 colours come round again
+            ax.plot([p["cpu_min"] for p in r["curve"]], [p[key] for p in r["curve"]], color=f"C{i % 10}",
+                    linestyle="-" if i < 10 else "--", marker="os^Dv"[i % 5], label=method)
         ax.axhline(suite["raw"][key], color="gray", linestyle="--", label="raw pixels")
         ax.set_xlabel("training CPU-minutes")
         ax.set_ylabel(f"{dict(COLUMNS)[key]} accuracy (%), held-out {suite['holdout']}")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"CIFAR-10 laptop presets, {suite['cpu_minutes_budget']:g} CPU-minutes each, on {suite['cpu_model']} "
                  f"({suite['threads']} threads)", fontsize=9)
     fig.tight_layout()
