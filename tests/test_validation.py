@@ -127,7 +127,7 @@ SMALL = ["0", "-1", "1", "2", "0.5", "-0.5", "1e-12", ".nan", ".inf", "abc", "''
 
 @settings(max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from([k for k in KEYS if not k.startswith("eval.")]), value=st.sampled_from(SMALL))
-def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None:
+def test_accepted_values_also_run(workdir, tmp_path_factory, monkeypatch, key, value) -> None:
     """No stubs: a few drawn values go through a real run (2 steps, online kNN and collapse monitors every step);
     what the checks accept must then run, and what fails must fail as exit 2 with one line (eval.* keys: the
     evaluation tests below, whose accepted values run for minutes: eval.finetune_batch_size=1). A value
@@ -136,8 +136,8 @@ def test_accepted_values_also_run(workdir, tmp_path_factory, key, value) -> None
     argv = [*argv_for("pretrain", key, value, workdir)[:2], f"trainer.out={out}", "trainer.max_steps=2",
             "monitor.knn_every_steps=1", "monitor.knn_train_size=200", "monitor.knn_test_size=100",
             "monitor.collapse_every_steps=1", *argv_for("pretrain", key, value, workdir)[3:]]
-    with contextlib.chdir(out):  # a drawn relative trainer.out (trainer.out=-1e300) lands here, not in the checkout
-        code, err = cli(argv)
+    monkeypatch.chdir(out)  # a drawn relative trainer.out (trainer.out=-1e300) lands here, not in the checkout
+    code, err = cli(argv)
     assert_clean(code, err, argv, diverged_ok=True)
 
 
