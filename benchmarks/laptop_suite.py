@@ -55,25 +55,38 @@ def preset(method: str) -> Path:
     return path
 
 
+def finished(curve: Path, args: argparse.Namespace, cpu_minutes: float) -> dict | None:
+    """The result in ``curve`` (a curve.json) if it was made for this budget, hold-out and evaluations and has its
+    random-network scores; None if it must be (re)made."""
+    if not curve.is_file():
+        return None
+    result = json.loads(curve.read_text())
+    wanted = {"cpu_minutes_budget": cpu_minutes, "holdout": args.holdout, "evals": args.evals}
+    return result if all(result.get(k) == v for k, v in wanted.items()) and "random" in result else None
+
+
+def without_stage_overrides(overrides: list[str]) -> list[str]:
+    """``stages.*`` overrides are for the staged presets only."""
+    return [o for o in overrides if not o.startswith("stages.")]
+
+
 def run_method(method: str, args: argparse.Namespace, data_overrides: list[str]) -> dict:
     """Train (or reuse) one method's budgeted run; its curve plus the random-network baseline."""
     out = Path(args.out) / method
     done = out / "curve.json"
-    wanted = {"cpu_minutes_budget": args.cpu_minutes, "holdout": args.holdout, "evals": args.evals}
-    if done.is_file():
-        result = json.loads(done.read_text())
-        if all(result.get(k) == v for k, v in wanted.items()) and "random" in result:
-            print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
-            return result
-    if not load_config(preset(method)).stages:  # `stages.*` overrides are for the staged presets only
-        data_overrides = [o for o in data_overrides if not o.startswith("stages.")]
+    result = finished(done, args, args.cpu_minutes)
+    if result is not None:
+        print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
+        return result
+    if not load_config(preset(method)).stages:
+        data_overrides = without_stage_overrides(data_overrides)
     stages = stage_configs(load_config(preset(method), data_overrides))
     if stages:
         result = run_staged(method, stages, args, data_overrides)
     else:
         result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
                               args.calibration_steps, args.holdout, with_raw=False, with_random=True)
-    result.update(wanted, method=method)
+    result.update(cpu_minutes_budget=args.cpu_minutes, holdout=args.holdout, evals=args.evals, method=method)
     done.write_text(json.dumps(result, indent=2))
     return result
 
@@ -83,30 +96,31 @@ def run_staged(method: str, stages: list, args: argparse.Namespace, data_overrid
     preset gives it); the first stage is its method's own preset sized to what is left, its snapshots evaluated like
     any method's; the later stages then continue it. The curve is the first stage's, then the staged run's end."""
     out = Path(args.out) / method
-    later_file = out / "later_stages.json"  # kept, so a resumed suite sizes the first stage as before
-    later = json.loads(later_file.read_text()) if later_file.is_file() else {}
+    measured_file = out / "later_stages.json"  # the calibrations, kept: a resumed suite sizes the first stage as before
+    measured = json.loads(measured_file.read_text()) if measured_file.is_file() else {}
+    later = {}
     for stage in stages[1:]:
-        if stage.name not in later:
+        if stage.name not in measured:
             per_step, per_epoch = calibrate(stage.cfg, out / f"calibration_{stage.name}", args.calibration_steps)
-            steps = run_steps(stage.cfg.trainer, per_epoch)
-            later[stage.name] = {"steps": steps, "cpu_s_per_step": round(per_step, 4),
-                                 "cpu_min": round(steps * per_step / 60, 3)}
+            measured[stage.name] = {"cpu_s_per_step": round(per_step, 4), "steps_per_epoch": per_epoch}
             out.mkdir(parents=True, exist_ok=True)
-            later_file.write_text(json.dumps(later, indent=2))
-    first_budget = args.cpu_minutes - sum(s["cpu_min"] for s in later.values())
+            measured_file.write_text(json.dumps(measured, indent=2))
+        per_step = measured[stage.name]["cpu_s_per_step"]
+        steps = run_steps(stage.cfg.trainer, measured[stage.name]["steps_per_epoch"])  # the length the config gives now
+        later[stage.name] = {"steps": steps, "cpu_s_per_step": per_step, "cpu_min": round(steps * per_step / 60, 3)}
+    later_minutes = sum(s["cpu_min"] for s in later.values())
+    first_budget = args.cpu_minutes - later_minutes
     if first_budget <= 0:
-        raise SystemExit(f"error: {method}'s later stages ({', '.join(later)}) need "
-                         f"{sum(s['cpu_min'] for s in later.values()):.1f} of the {args.cpu_minutes:g} CPU-minutes on "
-                         f"this machine; raise --cpu-minutes or shorten them, e.g. stages.{stages[-1].name}."
-                         f"trainer.epochs=0.5")
+        raise SystemExit(f"error: {method}'s later stages ({', '.join(later)}) need {later_minutes:.1f} of the "
+                         f"{args.cpu_minutes:g} CPU-minutes on this machine; raise --cpu-minutes or shorten them, e.g. "
+                         f"stages.{stages[-1].name}.trainer.epochs=0.5")
     base = stages[0].cfg.method["name"]
     first = out / "first"
-    done = first / "curve.json"
-    result = json.loads(done.read_text()) if done.is_file() else {}
-    if not (result.get("cpu_minutes_budget") == first_budget and "random" in result):
-        base_overrides = [o for o in data_overrides if not o.startswith("stages.")]
-        result = budget_curve(str(preset(base)), base_overrides, first_budget, first, args.points, args.evals,
-                              args.calibration_steps, args.holdout, with_raw=False, with_random=True)
+    result = finished(first / "curve.json", args, first_budget)
+    if result is None:
+        result = budget_curve(str(preset(base)), without_stage_overrides(data_overrides), first_budget, first,
+                              args.points, args.evals, args.calibration_steps, args.holdout, with_raw=False,
+                              with_random=True)
     run = out / "run"
     stage_one = run / "stages" / f"1_{stages[0].name}"
     if not (stage_one / "backbone.json").is_file():

@@ -327,10 +327,13 @@ def test_laptop_suite_fits_a_staged_preset_into_the_budget(tmp_path: Path, capsy
         (out / "mae_ct" / "first" / "run" / "backbone.safetensors").read_bytes()
     # Resumable as a whole (the calibrations kept); a budget the tuning alone exceeds is refused before training.
     assert laptop_suite.main(argv)["methods"]["mae_ct"] == ct and "not retrained" in capsys.readouterr().err
-    argv[argv.index("--cpu-minutes") + 1], argv[argv.index("--out") + 1] = "0.03", str(tmp_path / "other")
+    (out / "mae_ct" / "curve.json").unlink()  # killed before its end: the staged run is taken up again
+    stamp = (out / "mae_ct" / "first" / "curve.json").stat().st_mtime_ns
     with pytest.raises(SystemExit, match=r"mae_ct's later stages \(head_init, ct\) need .* CPU-minutes"):
-        laptop_suite.main([*argv, "stages.ct.trainer.epochs=1000"])
-    assert not (tmp_path / "other" / "mae_ct" / "first").exists()
+        laptop_suite.main([*argv, "stages.ct.trainer.epochs=1000"])  # the kept calibration, the stage's new length
+    assert (out / "mae_ct" / "first" / "curve.json").stat().st_mtime_ns == stamp
+    # The first stage is reused only for the same evaluations (and budget and hold-out).
+    assert laptop_suite.main([*argv, "--evals", "knn,cluster"])["methods"]["mae_ct"]["curve"][0]["cluster_acc"] > 0
 
 
 def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -> None:
