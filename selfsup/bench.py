@@ -44,7 +44,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     streamed = isinstance(data, StreamedSplit)
     channels, size = image_shape(data)
     mean, std = normalization(data, cfg)
-    view_groups = build_view_groups(cfg, size, mean, std)
+    view_groups = [group.to(device) for group in build_view_groups(cfg, size, mean, std)]
     # model.freeze applied: frozen blocks cost no backward pass and no optimiser step
     method = assemble_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
@@ -107,7 +107,7 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     augment = {} if streamed else {"augment_images_per_s": round(steps * t.batch_size / aug_time, 1),
                                    "augment_to_train_ratio": round(steps * t.batch_size / aug_time / train_ips, 2)}
     return {
-        "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device),
+        "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device), "precision": t.precision,
         "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
         "train_images_per_s": round(train_ips, 1), **augment, **loader,

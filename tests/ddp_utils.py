@@ -11,7 +11,7 @@ Usage::
     results = run_ddp(_on_rank, 2, x)    # one result per rank, in rank order
 
 The process group is initialised from a FileStore in a fresh temporary directory (no ports to
-pick), with one intra-op thread per process. On Linux the workers are *forked*: they inherit the
+pick), with one intra-op thread per process. On Linux without CUDA the workers are *forked*: they inherit the
 already-imported torch (spawning would re-import torch, and DistributedDataParallel's lazy import
 of torch._dynamo, in every worker: ~5 s of CPU each on the 2-core machine). Elsewhere they are
 spawned, and ``fn`` must then be defined at module level. An exception in a worker is re-raised
@@ -29,7 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+# Forking is unsafe once CUDA's autograd threads may run in the parent (a test before this one used the GPU).
+START_METHOD = ("fork" if "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_available()
+                else "spawn")
 
 if START_METHOD == "fork":
     # DistributedDataParallel.__init__ lazily imports torch._dynamo (~800 modules, seconds of CPU):

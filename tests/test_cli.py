@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from selfsup.cli import main
 
+# accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
 TINY = """
 method: {name: vicreg, expander: [64, 64]}
 data: {dataset: digits}
@@ -29,7 +30,8 @@ model:
   backbone: resnet
   params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
 optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
-trainer: {epochs: 2, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 4, progress: false}
+trainer: {epochs: 2, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 4, progress: false,
+          accelerator: cpu}
 eval: {linear_epochs: 5, lowshot_shots: [1, 5], lowshot_splits: 2, cluster_n_init: 1}
 """
 
@@ -109,7 +111,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert proc.poll() is None, "the run finished before it could be killed; make it longer"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    saved = torch.load(ckpt, weights_only=True)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     step, saved_time = saved["step"], saved["train_time_s"]
     assert 0 < step < 46
     assert not (resumed / "backbone.safetensors").exists()
@@ -171,6 +173,7 @@ def test_embed_and_bench(tmp_path, capsys):
     assert main(["bench", str(cfg), "--steps", "2", "--warmup", "1"]) == 0
     b = last_json(capsys)
     assert b["train_images_per_s"] > 0 and b["augment_images_per_s"] > 0 and b["peak_memory_mib"] > 0
+    assert b["precision"] == "32-true"
 
 
 def test_two_process_ddp_run_on_cpu(tmp_path):
@@ -183,4 +186,4 @@ def test_two_process_ddp_run_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cpu x2" in proc.stderr
     assert (run / "backbone.safetensors").is_file()
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 12  # round(0.5 * (1500 // 64)): the global batch is split over the 2 processes
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 12  # round(0.5 * (1500 // 64)): the global batch is split over the 2 processes

@@ -26,9 +26,10 @@ from selfsup.cli import main
 from test_cli import TINY
 
 # test_cli.py's tiny VICReg run on scikit-learn's digits, made long enough to interrupt.
+# accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
 LONGER = """
 _base_: tiny.yaml
-trainer: {epochs: 10, checkpoint_every_steps: 20}
+trainer: {epochs: 10, checkpoint_every_steps: 20, accelerator: cpu}
 monitor: {collapse_every_steps: 10}
 """
 TOTAL_STEPS = 10 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
@@ -76,7 +77,7 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 
 def state_tensors(run: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a run's final checkpoint (model and optimiser state) and of its exported backbone."""
-    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    ckpt = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     tensors = {f"model.{k}": v for k, v in ckpt["model"].items()}
     for pid, state in ckpt["optimizer"]["state"].items():
         tensors.update({f"optimizer.{pid}.{k}": v for k, v in state.items() if torch.is_tensor(v)})
@@ -125,7 +126,7 @@ def test_signal_at_a_random_step_then_resume_is_exact(config, reference, tmp_pat
     code, err = finish(proc)
     assert code == 128 + signum, err[-2000:]
     stopped = int(re.search(r"stopped: \w+ at step (\d+); checkpoint saved", err).group(1))
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == stopped
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == stopped
     assert stopped < TOTAL_STEPS and not (run / "backbone.safetensors").exists()
 
     resume(run)
@@ -140,7 +141,7 @@ def test_signal_inside_the_optimizer_step_is_deferred_to_the_step_boundary(confi
     code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=31)))
     assert code == 130, err[-2000:]
     assert "stopped: SIGINT at step 31; checkpoint saved" in err
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 31
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 31
     resume(run)
     assert_same_state(reference, run)
 
@@ -154,7 +155,7 @@ def test_sigkill_during_training_keeps_the_last_checkpoint_and_the_training_time
     proc.kill()
     proc.wait()
     (ckpt.parent / ".last.pt.killed.tmp").write_bytes(b"half a checkpoint")  # as a kill mid-write leaves it
-    saved = torch.load(ckpt, weights_only=True)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert saved["train_time_s"] > 0  # kept although no metrics row was logged before the kill
 
     resume(run)
@@ -178,7 +179,7 @@ def test_sigterm_stops_every_ddp_process_at_the_same_step(config, tmp_path):
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 143, err[-2000:]
-    stopped = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    stopped = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"]
     assert 20 <= stopped < 4 * (1500 // 64)
     code, err = finish(cli(["pretrain", str(run), *ddp]))
     assert code == 0, err[-2000:]
@@ -227,7 +228,7 @@ def test_divergence_keeps_the_last_sane_checkpoint_and_resumes_with_a_lower_lr(c
                           "|w| = 1e+09")
     assert "the checkpoint of step 23" in err and "17 steps before the failure" in err
     assert "--allow-optim-change" in err
-    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    ckpt = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert ckpt["step"] == 23 and max(v.abs().max() for v in ckpt["model"].values() if v.is_floating_point()) < 1e6
     with (run / "metrics.csv").open() as f:  # the rows logged before the failure are on disk
         assert [int(r["step"]) for r in csv.DictReader(f)][-1] == 40
@@ -237,7 +238,7 @@ def test_divergence_keeps_the_last_sane_checkpoint_and_resumes_with_a_lower_lr(c
     assert "--allow-optim-change" in capsys.readouterr().err
     assert main(["pretrain", str(run), "optim.lr=0.001", "--allow-optim-change"]) == 0
     assert "step 23: optim.lr: 0.002 -> 0.001" in (run / "config_changes.log").read_text()
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]["optim"]["lr"] == 0.001
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["config"]["optim"]["lr"] == 0.001
     assert (run / "backbone.safetensors").is_file()
 
 
@@ -292,7 +293,7 @@ def test_unfit_optimizer_state_stops_training_at_once(config, tmp_path):
     assert line.startswith("error: step 15 not checkpointed: optimiser state 'exp_avg_sq' is not finite; "
                            "the checkpoint of step 10"), line
     assert "5 steps before the failure" in line
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 10
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 10
     with (run / "metrics.csv").open() as f:
         assert [int(r["step"]) for r in csv.DictReader(f)][-1] <= 15
 
@@ -307,13 +308,13 @@ def test_divergence_with_finite_numbers_keeps_the_checkpoint_before_it(tmp_path)
     line = error_line(err)
     assert re.match(r"error: loss is \S+, \S+x its running median \S+ over the last 6 steps \(> 100x: diverging\) "
                     r"at step 6; the checkpoint of step 5 \(\S+\), 1 step before the failure, passed", line), line
-    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    ckpt = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert ckpt["step"] == 5 and len(ckpt["health"]["losses"]) == 5
-    assert torch.load(run / "checkpoints" / "diverged.pt", weights_only=True)["step"] == 6
+    assert torch.load(run / "checkpoints" / "diverged.pt", map_location="cpu", weights_only=True)["step"] == 6
 
     code, err = finish(cli(["pretrain", str(run), "optim.lr=0.3", "--allow-optim-change"]))
     assert code == 0, err[-2000:]
-    resumed = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    resumed = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     assert resumed["step"] == 20 and resumed["health"]["first_loss"] == ckpt["health"]["first_loss"]
 
 
@@ -324,7 +325,7 @@ def test_resume_accepts_changes_that_do_not_change_the_computation(config, tmp_p
     assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=30",
                  "trainer.checkpoint_every_steps=10", "monitor.knn_every_steps=20"]) == 0
     path = run / "checkpoints" / "last.pt"
-    ckpt = torch.load(path, weights_only=True)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     ckpt.pop("health", None), ckpt.pop("unreadable_images", None)  # as an older version wrote it
     torch.save(ckpt, path)
     changed = ["monitor.knn_every_steps=10", "monitor.knn_k=5", "monitor.knn_train_size=200",
@@ -353,7 +354,7 @@ def test_hand_damaged_checkpoint_is_a_clear_error(short_run, tmp_path, damage):
     run = tmp_path / "run"
     shutil.copytree(short_run, run)
     path = run / "checkpoints" / "last.pt"
-    ckpt = torch.load(path, weights_only=True)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if damage == "no config":
         del ckpt["config"]
     else:
@@ -384,7 +385,7 @@ def test_empty_config_yaml_of_a_run_is_a_clear_error(short_run, tmp_path):
 def test_max_steps_zero_exports_the_initial_backbone(config, tmp_path):
     run = tmp_path / "run"
     assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=0"]) == 0
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 0
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 0
     assert '"steps": 0' in (run / "backbone.json").read_text()
 
 

@@ -59,7 +59,7 @@ def reference(config, tmp_path_factory) -> Path:
 
 
 def _model(stage_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(stage_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    return torch.load(stage_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def test_stages_run_in_order_carry_weights_and_keep_frozen_parts(reference):
@@ -74,7 +74,7 @@ def test_stages_run_in_order_carry_weights_and_keep_frozen_parts(reference):
     assert any(not torch.equal(head[k], ct[k]) for k in upper)
     assert not torch.equal(head["queue.features"], ct["queue.features"])  # the queue moved on
     # frozen parameters hold no optimiser state: stage 3's state covers exactly its trainable parameters
-    optimizer = torch.load(stages / "3_ct" / "checkpoints" / "last.pt", weights_only=True)["optimizer"]
+    optimizer = torch.load(stages / "3_ct" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["optimizer"]
     trainable = {k for k in ct if k.startswith(("encoder.blocks.1.", "encoder.norm.", "projector.", "predictor."))
                  and not k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     assert len(optimizer["state"]) == len(trainable)
@@ -128,7 +128,7 @@ def test_init_from_starts_a_stage_from_another_runs_weights(reference, tmp_path,
 def test_a_damaged_init_from_checkpoint_stops_the_run_before_any_stage_trains(reference, tmp_path, config, capsys):
     source = tmp_path / "source"
     (source / "checkpoints").mkdir(parents=True)
-    state = torch.load(reference / "stages" / "1_mae" / "checkpoints" / "last.pt", weights_only=True)
+    state = torch.load(reference / "stages" / "1_mae" / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
     text = config.read_text().replace("  - name: ct\n", f"  - name: ct\n    init_from: {source}\n")
     path = tmp_path / "from_source.yaml"
     path.write_text(text)

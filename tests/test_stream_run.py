@@ -18,6 +18,7 @@ from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, assert_same_state, cli, f
 # The folder's broken file is deliberate: its replacement is asserted from the logs, its warnings are expected.
 pytestmark = pytest.mark.filterwarnings("ignore:skipped 1 unreadable images")
 
+# accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
 STREAMING = """
 method: {{name: vicreg, expander: [64, 64]}}
 data: {{dataset: imagefolder, root: {root}, eval_split: val, image_size: 16, stream: true, num_workers: 2}}
@@ -28,7 +29,8 @@ model:
   backbone: resnet
   params: {{block: basic, layers: [1, 1], width: 8, small_stem: true}}
 optim: {{name: adamw, lr: 0.002, warmup_epochs: 0.5}}
-trainer: {{epochs: 4, batch_size: 16, log_every_steps: 4, checkpoint_every_steps: 4, progress: false}}
+trainer: {{epochs: 4, batch_size: 16, log_every_steps: 4, checkpoint_every_steps: 4, progress: false,
+           accelerator: cpu}}
 monitor: {{knn_every_steps: 10, knn_train_size: 40, knn_test_size: 10}}
 eval: {{linear_epochs: 3, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}}
 """
@@ -74,7 +76,7 @@ def test_a_kill_inside_the_optimizer_step_resumes_to_the_same_weights(config, re
     run = tmp_path / "run"
     code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=6)))
     assert code == 130 and "stopped: SIGINT at step 6; checkpoint saved" in err, err[-2000:]
-    before = torch.load(run / "checkpoints" / "last.pt", weights_only=True).get("unreadable_images")
+    before = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True).get("unreadable_images")
     resume(run)
     assert_same_state(reference, run)
     # The count of replaced images goes on from the checkpoint's (it restarted at 0 after a resume).
@@ -123,4 +125,4 @@ def test_a_data_error_mid_run_keeps_the_steps_done(config, tmp_path) -> None:
     code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}", "trainer.checkpoint_every_steps=100",
                             "data.num_workers=0", "monitor.knn_every_steps=0"], STORAGE_LOST_AT_STEP_5))
     assert code == 2 and "unreadable images in a row" in err and "storage unreachable" in err, err[-2000:]
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 5
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 5

@@ -76,8 +76,10 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     optimizer = build_optimizer(method, o, online_encoder(method))
     warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
     lr_schedule, wd_schedule = lr_wd_schedules(o, scaled_lr(o, t.batch_size), schedule_steps, warmup)
-    run.restore(method, optimizer)
     raw_method, (method, optimizer) = method, fabric.setup(method, optimizer)
+    # after setup: the parameters are on the device, so the optimiser state loads there too (before it, a resumed
+    # run's moments stayed on the CPU beside CUDA parameters)
+    run.restore(raw_method, optimizer)
 
     run.open(cfg, raw_method, optimizer, params, channels, image_size)
     if is_main:

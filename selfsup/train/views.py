@@ -83,11 +83,12 @@ class StepViews:
     def __init__(self, data: ImageData | StreamedSplit, sampler: StepSampler, groups: list[ViewGroup], seed: int,
                  start: int, stop: int, device: torch.device, memory_format: torch.memory_format,
                  method: nn.Module | None = None) -> None:
-        self.data, self.sampler, self.groups, self.seed = data, sampler, groups, seed
+        # the groups' buffers (normalisation) to the device the views are made on
+        self.data, self.sampler, self.groups, self.seed = data, sampler, [g.to(device) for g in groups], seed
         self.device, self.memory_format = device, memory_format
         self.streamed = isinstance(data, StreamedSplit)
         self.own_views = hasattr(method, "make_views")
-        self.make = views_maker(method, groups)
+        self.make = views_maker(method, self.groups)
         self.unreadable = 0
         self.reported: set[str] = set()
         if self.streamed:

@@ -64,3 +64,16 @@ def test_view_group_errors() -> None:
         make_views(torch.rand(1, 3, 8, 8), [])
     with pytest.raises(ValueError, match="num >= 1"):
         ViewGroup(augment_config("minimal", 8), 0)
+
+
+def test_step_views_move_the_groups_normalisation_to_their_device() -> None:
+    """The views are made where the step runs: a group's mean/std left on the CPU broke every CUDA run (the
+    normalisation mixed cuda and cpu tensors). The meta device stands in for CUDA here."""
+    from selfsup.data.imagedata import ImageData
+    from selfsup.data.sampler import StepSampler
+    from selfsup.train.views import StepViews
+
+    group = ViewGroup(augment_config("simclr", 8, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)), num=2)
+    data = ImageData(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), None, None)
+    views = StepViews(data, StepSampler(4, 2), [group], 0, 0, 1, torch.device("meta"), torch.contiguous_format)
+    assert [b.device.type for g in views.groups for b in g.buffers()] == ["meta"] * 4  # mean, std of Augment

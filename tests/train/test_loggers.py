@@ -66,7 +66,7 @@ def run(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loop, "build_optimizer", interrupting)
         assert main(args) == 130
-    ids = json.loads((run / "loggers.json").read_text())
+    ids = json.loads((run / "loggers.json").read_text()) if "wandb" in INSTALLED or "mlflow" in INSTALLED else {}
     (run / "ids_after_10.json").write_text(json.dumps(ids))
     assert main(args) == 0
     return run
