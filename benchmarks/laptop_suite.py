@@ -10,7 +10,8 @@ images, labelled only from the other 45,000). Raw pixels (once) and a random-ini
 architecture are evaluated the same way.
 
 Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method whose curve.json was made with the
-same budget, hold-out and evaluations is not retrained), ``suite.json`` (every number, the CPU model, the command),
+same budget, hold-out, evaluations and preset is not retrained; one trained from another version of its preset or
+other overrides is moved aside to ``<method>.replaced-<hash>`` and retrained), ``suite.json`` (every number, the CPU model, the command),
 ``suite.md`` (the table) and ``suite.png`` (20-NN and linear accuracy against training CPU-minutes, a line per
 method, raw pixels dashed). Prints ``suite.json``'s content as its last stdout line.
 
@@ -24,6 +25,8 @@ all the stages' (MAE-CT at 30 minutes: MAE for what the tuning leaves, then the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import shlex
 import shutil
@@ -34,7 +37,7 @@ from pathlib import Path
 import torch
 
 from accuracy_per_minute import budget_curve, calibrate, cpu_model
-from selfsup.config import load_config, stage_configs
+from selfsup.config import Config, load_config, stage_configs
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
 from selfsup.train.schedules import run_steps
@@ -70,23 +73,40 @@ def without_stage_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not o.startswith("stages.")]
 
 
+def fingerprint(cfg: Config) -> str:
+    """A preset as it resolves (its ``_base_`` chain and the command line's overrides), hashed."""
+    return hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run_method(method: str, args: argparse.Namespace, data_overrides: list[str]) -> dict:
-    """Train (or reuse) one method's budgeted run; its curve plus the random-network baseline."""
+    """Train (or reuse) one method's budgeted run; its curve plus the random-network baseline. A finished run made
+    from another version of the preset (or other overrides) is moved aside to ``<method>.replaced-<hash>`` and the
+    method retrained."""
     out = Path(args.out) / method
     done = out / "curve.json"
-    result = finished(done, args, args.cpu_minutes)
-    if result is not None:
-        print(f"{method}: finished earlier in {out}, not retrained", file=sys.stderr)
-        return result
     if not load_config(preset(method)).stages:
         data_overrides = without_stage_overrides(data_overrides)
-    stages = stage_configs(load_config(preset(method), data_overrides))
+    cfg = load_config(preset(method), data_overrides)
+    made = fingerprint(cfg)
+    result = finished(done, args, args.cpu_minutes)
+    if result is not None and result.get("preset_sha256", made) == made:
+        note = "" if "preset_sha256" in result else " (trained before the suite recorded its preset's hash)"
+        print(f"{method}: finished earlier in {out}, not retrained{note}", file=sys.stderr)
+        return result
+    if result is not None:
+        aside = out.with_name(f"{method}.replaced-{result['preset_sha256']}")
+        shutil.rmtree(aside, ignore_errors=True)  # an older copy of that very preset's run
+        out.rename(aside)
+        print(f"{method}: the preset or its overrides changed since {out} was trained; that run is now in {aside}, "
+              f"retraining", file=sys.stderr)
+    stages = stage_configs(cfg)
     if stages:
         result = run_staged(method, stages, args, data_overrides)
     else:
         result = budget_curve(str(preset(method)), data_overrides, args.cpu_minutes, out, args.points, args.evals,
                               args.calibration_steps, args.holdout, with_raw=False, with_random=True)
-    result.update(cpu_minutes_budget=args.cpu_minutes, holdout=args.holdout, evals=args.evals, method=method)
+    result.update(cpu_minutes_budget=args.cpu_minutes, holdout=args.holdout, evals=args.evals, method=method,
+                  preset_sha256=made)
     done.write_text(json.dumps(result, indent=2))
     return result
 

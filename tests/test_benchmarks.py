@@ -294,6 +294,26 @@ def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, mon
     assert 0 < suite["methods"]["vicreg"]["random"]["knn_top1"] <= 100
 
 
+def test_laptop_suite_retrains_a_method_whose_preset_changed(tmp_path: Path, capsys) -> None:
+    """A finished run is reused only for the preset it was trained from: another lr is retrained, the old run kept."""
+    import laptop_suite
+
+    data = tiny_image_folder(tmp_path / "cifar")
+    out = tmp_path / "suite"
+    argv = ["--data", str(data), "--cpu-minutes", "0.01", "--methods", "vicreg", "--out", str(out), "--points", "1",
+            "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
+            "model.params.stage_widths=[4,8,8,16]"]
+    first = laptop_suite.main(argv)["methods"]["vicreg"]
+    assert laptop_suite.main(argv)["methods"]["vicreg"] == first and "not retrained" in capsys.readouterr().err
+    second = laptop_suite.main([*argv, "optim.lr=0.2"])["methods"]["vicreg"]
+    err = capsys.readouterr().err
+    assert "changed since" in err and "not retrained" not in err
+    assert second["preset_sha256"] != first["preset_sha256"]
+    aside = out / f"vicreg.replaced-{first['preset_sha256']}"
+    assert json.loads((aside / "curve.json").read_text()) == first and (aside / "run" / "backbone.safetensors").is_file()
+    assert (out / "vicreg" / "run" / "config.yaml").read_text().count("lr: 0.2") == 1
+
+
 def test_laptop_suite_fits_a_staged_preset_into_the_budget(tmp_path: Path, capsys) -> None:
     """MAE-CT at a budget: the tuning stages are calibrated and the MAE stage gets what they leave."""
     import laptop_suite
