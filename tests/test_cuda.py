@@ -51,4 +51,3 @@ def test_preset_trains_in_bf16_and_evaluates(preset: Path, photos: Path, tmp_pat
     assert main(["eval", "knn", str(out), "eval.holdout=0.25"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0.0 <= result["knn_top1"] <= 100.0
-
