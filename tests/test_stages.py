@@ -194,3 +194,28 @@ def test_bench_measures_every_stage(config, capsys):
     assert [(s["stage"], s["method"], s["views"]) for s in result["stages"]] == [("mae", "mae", 1), ("head", "nnclr", 2),
                                                                                   ("ct", "nnclr", 2)]
     assert all(s["train_images_per_s"] > 0 for s in result["stages"])
+
+
+def test_freeze_takes_0_to_depth_blocks_and_refuses_the_rest():
+    from selfsup.methods.assemble import freeze
+    from selfsup.models.vit import VisionTransformer
+
+    def vit():
+        return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=2, num_heads=2)
+
+    stem_only, everything = vit(), vit()
+    freeze(stem_only, 0)  # the stem alone
+    assert not stem_only.patch_embed.weight.requires_grad and stem_only.blocks[0].norm1.weight.requires_grad
+    freeze(everything, 2)  # every block
+    assert not everything.blocks[1].norm1.weight.requires_grad and everything.norm.weight.requires_grad
+    for bad in (-1, 3):
+        with pytest.raises(ConfigError, match=rf"^bad value for model.freeze: {bad}; use a number of blocks in 0..2, "):
+            freeze(vit(), bad)
+
+
+def test_method_names_are_checked_before_use():
+    from selfsup.methods import method_config
+
+    for spec, shown in (({}, "None"), ({"name": "simclr"}, "'simclr'"), ({"name": ["vicreg"]}, r"\['vicreg'\]")):
+        with pytest.raises(ConfigError, match=rf"bad value for method.name: {shown}; allowed values: .*vicreg"):
+            method_config(spec)

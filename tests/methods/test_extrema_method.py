@@ -88,6 +88,39 @@ def test_step_is_the_extrema_loss_of_masked_student_views_against_the_full_teach
     torch.testing.assert_close(out.loss.detach(), expected)
 
 
+def test_non_square_images_mask_a_fraction_of_their_own_patch_grid() -> None:
+    """32 x 16 or 16 x 32 pixels: 8 x 4 or 4 x 8 = 32 patches (not the 64 of the 32 x 32 training size); each of the
+    2 masks keeps floor(32 * 0.2) = 6 of them, the teacher sees all 32."""
+    for height, width in [(32, 16), (16, 32)]:
+        method = _method(mask_ratio=0.8, num_masks=2)
+        student, teacher = _block_inputs(method.encoder), _block_inputs(method.backbone)
+        view = torch.rand(B, 3, height, width, generator=torch.Generator().manual_seed(1))
+        assert torch.isfinite(method([view]).loss)
+        assert student == [(2 * B, 6, D)] and teacher == [(B, 32, D)], (height, width)
+
+
+def test_overlapping_masks_option_draws_each_mask_independently() -> None:
+    method = _method(num_masks=6, disjoint=False)  # 6 masks x 12 visible > 64 patches: only possible with overlaps
+    student = _block_inputs(method.encoder)
+    assert torch.isfinite(method(_views()).loss)
+    assert student == [(6 * B, 12, D)]
+
+
+def test_heads_are_the_authors_linear_layernorm_gelu_stacks() -> None:
+    """lib/builder.py: _build_proj(3, ...) and _build_pred(2, ...) put LayerNorm + GELU after every Linear but the
+    last (the BN-free heads of the paper's Sec. 3)."""
+    method = _method()
+    hidden = [nn.LayerNorm, nn.GELU]
+
+    def linears(head: nn.Sequential) -> list[tuple[int, ...]]:
+        return [tuple(m.weight.shape) for m in head if isinstance(m, nn.Linear)]
+
+    assert [type(m) for m in method.projector] == [nn.Linear, *hidden, nn.Linear, *hidden, nn.Linear]
+    assert linears(method.projector) == [(48, D), (48, 48), (16, 48)]
+    assert [type(m) for m in method.predictor] == [nn.Linear, *hidden, nn.Linear]
+    assert linears(method.predictor) == [(48, 16), (16, 48)]
+
+
 def test_byol_objective_on_hand_values() -> None:
     t = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     parallel, orthogonal, opposite = t * 3, torch.tensor([[0.0, 1.0], [5.0, 0.0]]), -t
@@ -140,6 +173,22 @@ def test_ema_follows_the_cosine_momentum_schedule() -> None:
         torch.testing.assert_close(t, 0.998 * t0 + 0.002 * s)
     horizon = _method(total_steps=1000, momentum_horizon=0.1)
     assert horizon.momentum[0] == pytest.approx(0.99)
+
+
+def test_last_step_and_steps_past_the_schedule_use_its_final_momentum() -> None:
+    """K = 4 steps: m(3) = 1 - (1 - 0.996)(1 + cos(3 pi / 4)) / 2 = 0.99941421 at the last step (not m(2) = 0.998),
+    and held there if a step index runs past the schedule."""
+    method = _method(total_steps=4)
+    last = 1 - 0.004 * (1 + math.cos(3 * math.pi / 4)) / 2
+    for step in (3, 9):
+        before = [p.clone() for p in method.target.parameters()]
+        with torch.no_grad():
+            for p in method.encoder.parameters():
+                p.add_(1.0)
+        method.after_step(step)
+        student = list(nn.Sequential(method.encoder, method.projector).parameters())
+        for t, t0, s in zip(method.target.parameters(), before, student):
+            torch.testing.assert_close(t, last * t0 + (1 - last) * s)
 
 
 def test_exported_backbone_is_the_teacher_instance_representation(tmp_path) -> None:
@@ -205,11 +254,12 @@ def test_batchnorm_heads_option() -> None:
 def test_bad_backbones_and_options_fail_clearly() -> None:
     with pytest.raises(ConfigError, match="needs a ViT"):
         _method(backbone=build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3))
-    with pytest.raises(ConfigError, match=r"num_masks <= 5"):  # 12 visible of 64: at most 5 disjoint masks
-        _method(num_masks=6)
+    with pytest.raises(ConfigError, match=r"need 72 patches but the image has 64; use method.num_masks <= 5, "):
+        _method(num_masks=6)  # 12 visible of 64: at most 5 disjoint masks
     assert _method(num_masks=6, disjoint=False).cfg.num_masks == 6
     with pytest.raises(ConfigError, match="projector's output width 16"):
         _method(predictor=[48, 8])
+    assert len(_method(predictor=[48, 32, 16]).predictor) == 7  # a deeper predictor ending at the projector's width
     with pytest.raises(ConfigError, match="pool is cls"):
         _method(backbone=_vit(pool="cls_prenorm"))
     early_cls = build_backbone("vit_custom", img_size=SIZE, patch_size=PATCH, in_channels=3, embed_dim=D, depth=2,

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch import nn
 
+from selfsup.config import ConfigError
 from selfsup.losses.barlow import barlow_twins_loss
 from selfsup.losses.byol import byol_loss
 from selfsup.losses.vicreg import vicreg_loss
 from selfsup.methods import build_method
+from selfsup.methods.barlow_twins import BarlowTwinsConfig
+from selfsup.methods.byol import BYOLConfig
+from selfsup.methods.vicreg import VICRegConfig
 from selfsup.models import build_backbone
 
 SPECS = {
@@ -68,6 +75,17 @@ def test_vicreg_step_is_the_vicreg_loss_of_the_expanded_views() -> None:
     torch.testing.assert_close(out.embeddings, z_a.detach())
 
 
+def test_vicreg_step_uses_the_configured_weights() -> None:
+    torch.manual_seed(0)
+    spec = {**SPECS["vicreg"], "sim_weight": 10.0, "var_weight": 5.0, "cov_weight": 0.5}
+    method = build_method(spec, _backbone(), 100).train()
+    assert (method.sim_weight, method.var_weight) == (10.0, 5.0)
+    views = _views()
+    out = method(views)
+    z_a, z_b = (method.expander(method.backbone(v)) for v in views)
+    torch.testing.assert_close(out.loss, vicreg_loss(z_a, z_b, 10.0, 5.0, 0.5)[0])
+
+
 def test_barlow_step_uses_configured_lambda() -> None:
     method = _method("barlow_twins").train()
     views = _views()
@@ -75,15 +93,34 @@ def test_barlow_step_uses_configured_lambda() -> None:
     z_a, z_b = (method.projector(method.backbone(v)) for v in views)
     torch.testing.assert_close(out.loss, barlow_twins_loss(z_a, z_b, 0.01)[0])
     assert not torch.allclose(out.loss, barlow_twins_loss(z_a, z_b, 0.0051)[0])
+    assert set(out.terms) == {"on_diagonal", "off_diagonal"}
+
+
+def test_barlow_projector_is_the_authors_mlp_without_a_last_bias() -> None:
+    # Zbontar et al.'s code: Linear -> BN -> ReLU per hidden layer, then Linear(bias=False)
+    head = _method("barlow_twins").projector
+    assert [type(m) for m in head] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
+    assert [(m.in_features, m.out_features) for m in (head[0], head[3])] == [(64, 32), (32, 32)]
+    assert head[3].bias is None
+
+
+def test_config_errors_built_in_python_name_the_method_key() -> None:
+    with pytest.raises(ConfigError, match=r"bad value for method\.lambd: -1\.0"):
+        BarlowTwinsConfig(lambd=-1.0)
+    with pytest.raises(ConfigError, match=r"bad value for method\.cov_weight: -1\.0"):
+        VICRegConfig(cov_weight=-1.0)
 
 
 def test_byol_symmetrised_loss_and_frozen_target() -> None:
     method = _method("byol").train()
     views = _views()
     out = method(views)
-    p = [method.predictor(method.projector(method.backbone(v))) for v in views]
+    z = [method.projector(method.backbone(v)) for v in views]
+    p = [method.predictor(zi) for zi in z]
     t = [method.target(v) for v in views]
     torch.testing.assert_close(out.loss, byol_loss(p[0], t[1]) + byol_loss(p[1], t[0]))
+    assert out.terms == {}
+    torch.testing.assert_close(out.embeddings, z[0].detach())  # the first view's online projection
     out.loss.backward()
     assert all(not q.requires_grad and q.grad is None for q in method.target.parameters())
     assert all(q.grad is not None for q in method.predictor.parameters())
@@ -102,15 +139,30 @@ def test_byol_after_step_moves_target_by_the_momentum_schedule() -> None:
     with torch.no_grad():
         for q in list(method.backbone.parameters()) + list(method.projector.parameters()):
             q.add_(torch.randn_like(q))
-    for step in (0, 4):
+    # Steps 0, 4, the last one (9) and past the schedule's end, which uses the last value instead of failing.
+    for step in (0, 4, 9, 10_000):
         t0, s = target_w.detach().clone(), online_w.detach().clone()
-        m = float(method.momentum[step])
+        m = 1 - (1 - 0.996) * (math.cos(math.pi * min(step, 9) / 10) + 1) / 2  # BYOL Sec. 3.2
         method.after_step(step)
         torch.testing.assert_close(target_w.detach(), m * t0 + (1 - m) * s, rtol=1e-6, atol=1e-7)
         assert (target_w - t0).abs().max() > 0
     assert method.momentum[0] == pytest.approx(0.996) and method.momentum[4] > 0.996
-    # A step past the schedule's end uses the last value instead of failing.
-    method.after_step(10_000)
+
+
+def test_byol_heads_are_linear_bn_relu_mlps_and_the_predictor_reads_the_projection() -> None:
+    # BYOL Sec. 3.3: Linear -> BN -> ReLU -> Linear; here 3 projector and 3 predictor layers
+    torch.manual_seed(0)
+    method = build_method({"name": "byol", "projector": [32, 24, 16], "predictor": [40, 8, 16]}, _backbone(), 10)
+    hidden = [nn.Linear, nn.BatchNorm1d, nn.ReLU]
+    for head, widths in ((method.projector, [(64, 32), (32, 24), (24, 16)]),
+                         (method.predictor, [(16, 40), (40, 8), (8, 16)])):
+        assert [type(m) for m in head] == hidden + hidden + [nn.Linear]
+        assert [(m.in_features, m.out_features) for m in head if isinstance(m, nn.Linear)] == widths
+
+
+def test_byol_predictor_must_end_at_the_projector_width() -> None:
+    with pytest.raises(ConfigError, match=r"projector's output width 16 \(it predicts .*got \[32, 8\]"):
+        BYOLConfig(projector=[32, 24, 16], predictor=[32, 8])
 
 
 def test_byol_momentum_schedule() -> None:

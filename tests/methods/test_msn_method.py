@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from selfsup.config import ConfigError
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
 from selfsup.methods import build_method
+from selfsup.methods.msn import MSNConfig
 from selfsup.models import VisionTransformer, build_backbone
 
 B, SIZE, PATCH, FOCAL = 6, 32, 4, 16  # 64 patches per full view, 16 per focal view
@@ -54,7 +56,8 @@ def test_anchor_encoder_processes_only_the_kept_tokens(ratio: float, kept: int) 
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_step_is_the_msn_loss_of_target_masked_and_focal_views(shared: bool) -> None:
-    method = _method(shared_mask=shared, mask_ratio=0.5, memax_weight=3.0, sinkhorn_iterations=2, masked_views=2)
+    method = _method(shared_mask=shared, mask_ratio=0.5, memax_weight=3.0, sinkhorn_iterations=2, masked_views=2,
+                     label_smoothing=0.1)
     views = _views(num_full=3, num_focal=2)  # target, 2 masked anchors, 2 focal anchors
     torch.manual_seed(7)
     out = method(views)
@@ -67,7 +70,7 @@ def test_step_is_the_msn_loss_of_target_masked_and_focal_views(shared: bool) -> 
     z_focal = head(enc(torch.cat(views[3:])))
     z_target = head(enc(views[0]))  # the target is an exact copy before any EMA step
     expected, terms = msn_loss(protos(torch.cat([z_masked, z_focal])), protos(z_target).detach(), 0.1, 0.025,
-                               sinkhorn_iterations=2, memax_weight=3.0)
+                               sinkhorn_iterations=2, memax_weight=3.0, label_smoothing=0.1)
     torch.testing.assert_close(out.loss, expected)
     assert set(out.terms) == {"ce", "me_max", "mean_entropy", "prototypes_used"}
     for key, value in terms.items():
@@ -95,14 +98,13 @@ def test_ema_update_follows_the_stretched_linear_momentum_schedule() -> None:
     with torch.no_grad():
         for p in list(method.encoder.parameters()) + list(method.projector.parameters()):
             p.add_(torch.randn_like(p))
-    for step in (0, 5):
+    for step in (0, 5, 7, 10_000):  # 7 is the last step; past the schedule its last value holds
         before, student = target.detach().clone(), online.detach().clone()
-        m = 0.996 + 0.004 * step / 10
+        m = 0.996 + 0.004 * min(step, 7) / 10
         method.after_step(step)
         torch.testing.assert_close(target.detach(), m * before + (1 - m) * student, rtol=1e-6, atol=1e-7)
     head_t = method.target.module[1][0].weight
     assert not torch.equal(head_t, method.projector[0].weight)  # the head's target moved but is its own copy
-    method.after_step(10_000)  # past the schedule: its last value
 
 
 def test_backbone_is_the_target_and_exports_the_prenorm_cls() -> None:
@@ -136,6 +138,42 @@ def test_focal_only_and_several_masked_views() -> None:
     shapes = _block_inputs(two_masked.encoder)
     two_masked(_views(num_full=3, num_focal=0))
     assert shapes == [(2 * B, 33, 32)]
+
+
+def test_target_and_one_masked_anchor_are_enough() -> None:
+    method = _method()
+    shapes = _block_inputs(method.encoder)
+    out = method(_views(num_full=2, num_focal=0))
+    assert shapes == [(B, 1 + 54, 32)] and torch.isfinite(out.loss)
+
+
+def test_non_square_views_mask_their_own_grid_and_focal_groups_split_by_height_and_width() -> None:
+    method = _method(mask_ratio=0.5)
+    shapes = _block_inputs(method.encoder)
+    g = torch.Generator().manual_seed(1)
+    target, masked = torch.rand(B, 3, SIZE, SIZE, generator=g), torch.rand(B, 3, SIZE, 16, generator=g)
+    focal = [torch.rand(B, 3, *hw, generator=g) for hw in ((16, 16), (16, 16), (8, 16))]
+    method([target, masked, *focal])
+    # 32x16 pixels = an 8x4 grid of 32 patches, half kept; focal 16x16 (16 patches) twice, then 8x16 (8 patches)
+    assert shapes == [(B, 1 + 16, 32), (2 * B, 1 + 16, 32), (B, 1 + 8, 32)]
+
+
+@pytest.mark.parametrize("norm, norm_layer", [("batch", nn.BatchNorm1d), ("layer", nn.LayerNorm), ("none", None)])
+def test_projection_head_is_linear_norm_gelu_with_the_configured_norm(norm: str, norm_layer) -> None:
+    # authors' code: Linear(D, 2048) -> BN -> GELU -> Linear(2048, 2048) -> BN -> GELU -> Linear(2048, 256)
+    head = _method(projector_norm=norm).projector
+    hidden = [nn.Linear, norm_layer, nn.GELU] if norm_layer else [nn.Linear, nn.GELU]
+    assert [type(m) for m in head] == hidden + hidden + [nn.Linear]
+    linears = [m for m in head if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(32, 64), (64, 64), (64, 16)]
+
+
+def test_prototype_warning_needs_sinkhorn_and_more_prototypes_than_images() -> None:
+    [message] = MSNConfig(num_prototypes=1024).warnings(512)
+    assert "num_prototypes=1024 exceeds the global batch of 512" in message
+    assert "equal share of 0.5 images" in message
+    assert MSNConfig(num_prototypes=1024).warnings(1024) == []  # one image per prototype
+    assert MSNConfig(num_prototypes=1024, sinkhorn_iterations=0).warnings(512) == []
 
 
 def test_bad_views_backbones_and_options_fail_clearly() -> None:

@@ -55,6 +55,51 @@ def test_step_is_the_symmetric_loss_of_neighbours_against_the_other_views_predic
     torch.testing.assert_close(method.queue.features[:8], z[0])
 
 
+def test_both_predictions_get_the_gradient_of_the_symmetric_loss() -> None:
+    """The keys of both InfoNCE terms are the other view's predictions, with gradient (``key_gradient=True``)."""
+    method = _method()
+    x1, x2 = torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)
+    queue = method.queue.features.clone()
+    out = method([x1, x2])
+    got = torch.autograd.grad(out.loss, list(method.predictor.parameters()))
+    y = [method.encoder(x) for x in (x1, x2)]
+    z = [method.projector(yi) for yi in y]
+    p = [F.normalize(method.predictor(zi), dim=1) for zi in z]
+    nn1, nn2 = (queue[(F.normalize(zi.detach(), dim=1) @ queue.t()).argmax(1)] for zi in z)
+    by_hand = 0.5 * (F.cross_entropy(nn1 @ p[1].t() / 0.15, torch.arange(8))
+                     + F.cross_entropy(nn2 @ p[0].t() / 0.15, torch.arange(8)))
+    for g, h in zip(got, torch.autograd.grad(by_hand, list(method.predictor.parameters()))):
+        torch.testing.assert_close(g, h)
+
+
+def test_nn_cos_is_the_mean_cosine_of_view_1_and_its_neighbour() -> None:
+    method = _method()
+    with torch.no_grad():
+        method.queue.features.mul_(torch.arange(1, 17, dtype=torch.float32)[:, None])  # rows of norms 1..16
+    x1 = torch.randn(8, 1, 8, 8)
+    queue = method.queue.features.clone()
+    out = method([x1, torch.randn(8, 1, 8, 8)])
+    with torch.no_grad():
+        key = F.normalize(method.projector(method.encoder(x1)), dim=1)
+        neighbour = queue[(key @ queue.t()).argmax(1)]
+        by_hand = sum(float(key[i] @ neighbour[i]) for i in range(8)) / 8
+    assert abs(float(out.terms["nn_cos"]) - by_hand) < 1e-5
+
+
+def test_topk_reaches_the_lookup() -> None:
+    """MAE-CT's CT draws the positive among the k nearest (the draw itself: tests/train/test_queue.py): the same
+    batch then gives a different loss from one draw to the next, where the nearest neighbour alone (k = 1) cannot."""
+    x1, x2 = torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)
+    for k, distinct in ((1, 1), (3, 4)):
+        method = _method(topk=k)
+        with torch.no_grad():
+            losses = set()
+            for seed in range(4):
+                torch.manual_seed(seed)
+                losses.add(round(float(method([x1, x2]).loss), 6))
+        assert len(losses) == distinct, (k, losses)
+
+
 def test_gradients_reach_the_heads_and_trainable_blocks_only() -> None:
     method = _method(projector_momentum=0.9, encoder_momentum=0.99)
     freeze(method.encoder, 2)
@@ -124,12 +169,60 @@ def test_ema_copies_restart_from_carried_weights_and_follow_the_ema_formula() ->
     assert plain.backbone is plain.encoder and plain.projector_ema is None
 
 
+def _layers(head: nn.Sequential) -> list[tuple]:
+    """A head as (layer, in, out, bias) rows; norms and activations as (type, width)."""
+    rows = []
+    for m in head:
+        if isinstance(m, nn.Linear):
+            rows.append(("linear", m.in_features, m.out_features, m.bias is not None))
+        else:
+            rows.append((type(m).__name__, getattr(m, "num_features", None)))
+    return rows
+
+
+def test_heads_are_the_nnclr_and_mae_ct_layers() -> None:
+    """NNCLR Sec. 4 / MAE-CT's code: a 3-layer projector with BatchNorm after every Linear (the last one without
+    ReLU) and a 2-layer predictor without BatchNorm after its last Linear; no Linear has a bias (BN follows it)."""
+    method = _method()  # projector [32, 32, 8], predictor [16, 8], encoder width 16
+    assert _layers(method.projector) == [
+        ("linear", 16, 32, False), ("BatchNorm1d", 32), ("ReLU", None),
+        ("linear", 32, 32, False), ("BatchNorm1d", 32), ("ReLU", None),
+        ("linear", 32, 8, False), ("BatchNorm1d", 8)]
+    assert _layers(method.predictor) == [
+        ("linear", 8, 16, False), ("BatchNorm1d", 16), ("ReLU", None), ("linear", 16, 8, False)]
+
+
+def test_eval_pool_sets_the_exported_and_the_trained_feature() -> None:
+    """MAE-CT App. A.2: the head is trained on the pooled feature that is evaluated, and the export records it."""
+    method = _method(eval_pool="cls")
+    assert method.export_params == {"pool": "cls"} and method.encoder.pool == "cls"
+    plain = _method()
+    assert not hasattr(plain, "export_params") and plain.encoder.pool == "mean"  # model.params.pool stays
+
+
+def test_after_step_pushes_a_step_once() -> None:
+    method = _method()
+    method([torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8)])
+    method.after_step(0)
+    assert int(method.queue.pointer) == 8
+    method.after_step(1)  # no new step in between (a skipped batch): nothing more to push
+    assert int(method.queue.pointer) == 8
+
+
 def test_bad_settings_name_the_key() -> None:
     for key, value in [("topk", 0), ("temperature", 0.0), ("projector_momentum", 1.5), ("queue_size", 0)]:
         with pytest.raises(ConfigError, match=f"method.{key}"):
             NNCLRConfig(**{key: value})
     with pytest.raises(ConfigError, match="method.predictor"):
         NNCLRConfig(projector=[8, 8], predictor=[8, 4])
+    with pytest.raises(ConfigError, match=r"method.predictor.*ending at the projector's output \[4\]"):
+        NNCLRConfig(projector=[8, 8, 4], predictor=[8, 8])
+    assert NNCLRConfig(projector=[8, 4], predictor=[16, 8, 4]).predictor == [16, 8, 4]  # a deeper predictor is fine
+    assert NNCLRConfig(queue_size=16, topk=16).topk == 16  # the whole queue may be the candidates
+    with pytest.raises(ConfigError, match=r"method.topk.*in \[1, method.queue_size\]"):
+        NNCLRConfig(queue_size=16, topk=17)
+    with pytest.raises(ConfigError, match="method.queue_size: 50 is not a multiple of the global batch 96; use e.g. 96$"):
+        NNCLRConfig(queue_size=50).check_batch(96)  # a queue smaller than a batch: one batch
     NNCLRConfig(queue_size=1000).check_batch(100)
     with pytest.raises(ConfigError, match="method.queue_size: 1000 is not a multiple of the global batch 96; use e.g. 960"):
         NNCLRConfig(queue_size=1000).check_batch(96)
@@ -143,7 +236,7 @@ def test_a_queue_holding_the_whole_dataset_is_refused() -> None:
     check_dataset(spec, 2049, 256)
     for images, fit in ((2048, 512), (1797, 256)):  # a queue of the dataset's size or more holds every image's own
         with pytest.raises(ConfigError, match=f"method.queue_size: 2048 >= the {images} training images.*"  # last
-                                              f"use method.queue_size={fit}"):  # a quarter of the data, in batches
+                                              f"use method.queue_size={fit} "):  # a quarter of the data, in batches
             check_dataset(spec, images, 256)
     check_dataset({"name": "vicreg"}, 10, 256)  # methods without a queue have no such check
 

@@ -28,11 +28,12 @@ def test_projector_has_the_papers_weight_count_and_layers(p: int, weights: int) 
     assert first.weight.numel() + last.weight.numel() == weights == 2048 * p + p * p
 
 
-def test_list_spec_keeps_the_classic_mlp() -> None:
-    head = build_projector(16, [32, 32, 8], last_bias=False)
+@pytest.mark.parametrize("last_bias", [False, True])
+def test_list_spec_keeps_the_classic_mlp(last_bias: bool) -> None:
+    head = build_projector(16, [32, 32, 8], last_bias=last_bias)
     linears = [m for m in head if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(16, 32), (32, 32), (32, 8)]
-    assert linears[0].bias is not None and linears[-1].bias is None
+    assert linears[0].bias is not None and (linears[-1].bias is not None) == last_bias
 
 
 def test_tuned_weights_are_the_authors_table_values() -> None:
@@ -55,8 +56,17 @@ def test_rule_outside_the_table() -> None:
     assert barlow_twins_beta(32, 4) == pytest.approx(0.04)
     assert vicreg_sim_weight(32) == pytest.approx(10.0) and vicreg_sim_weight(16384) == pytest.approx(1600.0)
     assert tuned_value({10: 1.0, 1000: 100.0}, 100, exponent=1.0) == pytest.approx(10.0)
-    with pytest.raises(ValueError, match="positive int"):
-        vicreg_sim_weight(0)
+    # Between the two smallest widths (64, 128: both 20 / 0.04) and the two largest (4096: 200, 8192: 800).
+    assert vicreg_sim_weight(96) == pytest.approx(20.0) and barlow_twins_beta(96, 2) == pytest.approx(0.04)
+    assert vicreg_sim_weight(6144) == pytest.approx(200 * 4 ** math.log2(1.5))  # = 450
+    # p = 1 is a valid width: the 1/p rule from p = 64.
+    assert vicreg_sim_weight(1) == pytest.approx(20.0 / 64) and barlow_twins_beta(1, 2) == pytest.approx(0.04 * 64)
+    # A one-width table extrapolates from that width on both sides.
+    assert tuned_value({100: 2.0}, 50, exponent=-1.0) == pytest.approx(4.0)
+    assert tuned_value({100: 2.0}, 400, exponent=-1.0) == pytest.approx(0.5)
+    for bad in (0, -3, True, 96.0):
+        with pytest.raises(ValueError, match="positive int"):
+            vicreg_sim_weight(bad)
     with pytest.raises(ValueError, match="at least 2 views"):
         barlow_twins_beta(256, 1)
 
@@ -102,6 +112,14 @@ def test_vicreg_step_with_m_views_and_tuned_weights() -> None:
     assert (method.sim_weight, method.var_weight) == (75.0, 75.0)
     method = build_method({"name": "vicreg", "expander": [64, 64]}, _backbone(), 10)
     assert (method.sim_weight, method.var_weight) == (25.0, 25.0)
+
+
+def test_auto_weights_read_the_output_width_of_a_list_projector() -> None:
+    # [16, 64, 256]: p = 256, the last width (not 64).
+    vicreg = build_method({"name": "vicreg", "expander": [16, 64, 256], "sim_weight": "auto"}, _backbone(), 10)
+    assert vicreg.sim_weight == 25.0
+    barlow = build_method({"name": "barlow_twins", "projector": [16, 64, 256], "lambd": "auto"}, _backbone(), 10)
+    assert barlow.off_diagonal_weight(2) == 0.02
 
 
 def test_bad_weight_or_projector_values_name_the_key() -> None:
