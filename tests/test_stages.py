@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,15 @@ def reference(config, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("reference") / "run"
     code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"]))
     assert code == 0, err[-3000:]
+    (run.parent / "stderr.txt").write_text(err)
     return run
+
+
+def test_each_later_stage_logs_what_it_carried_over_and_what_starts_afresh(reference):
+    err = (reference.parent / "stderr.txt").read_text()
+    assert re.search(r"carried over \d+ tensors \(encoder\); initialised afresh: predictor, projector, queue\n", err)
+    assert re.search(r"carried over \d+ tensors \(encoder, predictor, projector, queue\); "
+                     r"initialised afresh: encoder_ema, projector_ema\n", err)
 
 
 def _model(stage_dir: Path) -> dict[str, torch.Tensor]:
