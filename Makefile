@@ -45,6 +45,7 @@ mutation: install
 	$(PY) -m pip install -q -e ".[dev]" $(TORCH)
 	$(VENV)/bin/mutmut run --max-children 1 $(MUTANTS)
 	$(VENV)/bin/mutmut results
+	$(PY) benchmarks/mutation_report.py
 
 clean:
 	rm -rf $(VENV) runs/quickstart mutants

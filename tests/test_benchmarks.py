@@ -389,3 +389,30 @@ def test_suite_trends_plots_each_complete_comparison_and_prints_the_gains(tmp_pa
     assert result["mae_ct"]["ends"]["mae_ct"]["step"] == 260
     with pytest.raises(SystemExit, match="no <method>/curve.json"):
         suite_trends.main(["--suite", str(tmp_path / "empty")])
+
+
+def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path, capsys):
+    import mutation_report
+
+    rows = [("selfsup.methods.byol.xǁBYOLǁforward__mutmut_1", "selfsup/methods/byol.py", "killed"),
+            ("selfsup.methods.byol.xǁBYOLǁforward__mutmut_2", "selfsup/methods/byol.py", "timeout"),
+            ("selfsup.methods.byol.xǁBYOLǁforward__mutmut_3", "selfsup/methods/byol.py", "survived"),
+            ("selfsup.methods.byol.xǁBYOLǁforward__mutmut_4", "selfsup/methods/byol.py", "survived"),
+            ("selfsup.methods.byol.xǁBYOLǁforward__mutmut_5", "selfsup/methods/byol.py", "survived"),
+            ("selfsup.methods.byol.xǁBYOLǁforward__mutmut_6", "selfsup/methods/byol.py", "timeout"),
+            ("selfsup.losses.byol.x_byol_loss__mutmut_1", "selfsup/losses/byol.py", "not checked")]
+    monkeypatch.setattr(mutation_report, "results", lambda: rows)
+    classes = tmp_path / "classes.tsv"
+    classes.write_text("# comment\nselfsup.methods.byol.xǁBYOLǁforward__mutmut_3\tequivalent\tsame default\n"
+                       "selfsup.methods.byol.xǁBYOLǁforward__mutmut_4\tmessage\twording\n"
+                       "selfsup.methods.byol.xǁBYOLǁforward__mutmut_6\tmessage\ta time-out that survived when re-run\n")
+    monkeypatch.setattr(sys, "argv", ["mutation_report.py", "--classes", str(classes), "--prefix", "selfsup.methods."])
+    mutation_report.main()
+    out = capsys.readouterr().out
+    # 6 mutants: 1 killed + 1 timed out = 2 killed; 1 equivalent leaves 5 that count; the message mutants count
+    assert "| `selfsup/methods/byol.py` | 6 | 1 | 1 | 1 | 1 | 0 | 2 | 33.3 % | 40.0 % |" in out
+    assert "1 survivors without a class:\nselfsup.methods.byol.xǁBYOLǁforward__mutmut_5" in out
+    assert "losses" not in out  # outside the prefix
+    classes.write_text("selfsup.methods.byol.xǁBYOLǁforward__mutmut_3\tboring\tx\n")
+    with pytest.raises(SystemExit, match="unknown class 'boring'"):
+        mutation_report.main()

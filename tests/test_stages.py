@@ -228,3 +228,26 @@ def test_method_names_are_checked_before_use():
     for spec, shown in (({}, "None"), ({"name": "simclr"}, "'simclr'"), ({"name": ["vicreg"]}, r"\['vicreg'\]")):
         with pytest.raises(ConfigError, match=rf"bad value for method.name: {shown}; allowed values: .*vicreg"):
             method_config(spec)
+
+
+def test_carry_over_takes_a_backbone_or_encoder_and_restarts_the_ema_copies_from_it():
+    from selfsup.methods.assemble import carry_over
+    from selfsup.methods.byol import BYOL, BYOLConfig
+    from selfsup.methods.nnclr import NNCLR, NNCLRConfig
+    from selfsup.methods.vicreg import VICReg, VICRegConfig
+    from selfsup.models.vit import VisionTransformer
+
+    def vit():
+        return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=2, num_heads=2, pool="mean")
+
+    source = VICReg(vit(), VICRegConfig(expander=[16, 16]), total_steps=4)  # keeps its encoder as `backbone.`
+    byol = BYOL(vit(), BYOLConfig(projector=[16, 8], predictor=[16, 8]), total_steps=4)
+    carry_over(byol, source.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(byol.backbone.parameters(), source.backbone.parameters()))
+    nnclr = NNCLR(vit(), NNCLRConfig(projector=[16, 8], predictor=[16, 8], queue_size=16, encoder_momentum=0.99),
+                  total_steps=4)
+    carried = {f"encoder.{k}": v + 1.0 for k, v in nnclr.encoder.state_dict().items()}  # another run's encoder
+    carry_over(nnclr, carried)
+    assert all(torch.equal(p, carried[f"encoder.{k}"]) for k, p in nnclr.encoder_ema.module.state_dict().items())
+    with pytest.raises(ConfigError, match="hold no encoder that this stage's method can take"):
+        carry_over(nnclr, {"projector.0.weight": torch.zeros(16, 8)})

@@ -133,3 +133,22 @@ def test_schedule_edges_by_hand() -> None:
         with pytest.raises(ValueError, match=r"^need num_ops >= 1, total_steps >= 1 and first_stage in \[0, 1\]; "
                                              rf"got {args[0]}, {args[1]}, {args[2]}$"):
             augmentation_count_schedule(*args)
+
+
+def test_linear_lr_scaling_is_per_256_images_and_off_by_default() -> None:
+    from selfsup.config import OptimConfig
+    from selfsup.train.schedules import scaled_lr
+
+    assert scaled_lr(OptimConfig(lr=0.3, lr_scaling="linear"), 512) == pytest.approx(0.6)  # 0.3 x 512 / 256
+    assert scaled_lr(OptimConfig(lr=0.3, lr_scaling="linear"), 64) == pytest.approx(0.075)
+    assert scaled_lr(OptimConfig(lr=0.3), 512) == pytest.approx(0.3)  # lr_scaling: none, the default
+
+
+def test_a_run_lasts_max_steps_or_its_epochs_and_at_least_one_step() -> None:
+    from selfsup.config import TrainerConfig
+    from selfsup.train.schedules import run_steps
+
+    assert run_steps(TrainerConfig(max_steps=7, epochs=3), steps_per_epoch=100) == 7  # max_steps wins
+    assert run_steps(TrainerConfig(epochs=3), steps_per_epoch=100) == 300
+    assert run_steps(TrainerConfig(epochs=1.5), steps_per_epoch=5) == 8  # round(7.5) = 8
+    assert run_steps(TrainerConfig(epochs=0.01), steps_per_epoch=10) == 1  # round(0.1) = 0: still one step
