@@ -35,6 +35,7 @@ def test_msn_stretch_computes_schedules_over_1_25x_steps() -> None:
     assert lr[-1] > 9e-5  # ends near 1e-4, not at min_lr
     constant = OptimConfig(lr=0.5, schedule="constant", schedule_stretch=1.25)
     np.testing.assert_allclose(lr_wd_schedules(constant, 0.5, 10, 0)[0], np.full(10, 0.5))
+    np.testing.assert_allclose(lr_wd_schedules(constant, 0.5, 5, 2)[0], [0.0, 0.25, 0.5, 0.5, 0.5])  # linear warm-up
 
 
 def test_stretch_below_one_is_refused() -> None:
