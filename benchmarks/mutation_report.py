@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 CLASSES = ("equivalent", "device", "message", "killed")
-LINE = re.compile(r"^\s*(?P<id>selfsup\.\S+?)__mutmut_\d+: (?P<status>.+)$")
+LINE = re.compile(r"^\s*(?P<mutant>(?P<module>selfsup\.\S+?)\.x[_ǁ]\S+?__mutmut_\d+): (?P<status>.+)$")
 
 
 def results() -> list[tuple[str, str, str]]:
@@ -31,11 +31,10 @@ def results() -> list[tuple[str, str, str]]:
     rows = []
     for line in out.splitlines():
         match = LINE.match(line)
-        if match:
-            mutant = line.split(":")[0].strip()
-            module = match["id"].split(".x")[0].replace(".", "/")  # selfsup.methods.nnclr.xǁNNCLRǁforward
+        if match:  # selfsup.methods.nnclr.xǁNNCLRǁforward__mutmut_3, selfsup.methods.x_method_config__mutmut_6
+            module = match["module"].replace(".", "/")
             path = module + ".py" if Path(module + ".py").is_file() else module + "/__init__.py"
-            rows.append((mutant, path, match["status"].strip()))
+            rows.append((match["mutant"], path, match["status"].strip()))
     return rows
 
 
@@ -71,16 +70,13 @@ def main() -> None:
         else:
             row["other: " + status] += 1
             unclassified.append(f"{mutant} ({status})")
-    total = collections.Counter()
+    total = sum(table.values(), collections.Counter())
     print("| file | mutants | killed | timed out | survived | equivalent | device | message | killed / all "
           "| killed / non-equivalent |\n|---|---|---|---|---|---|---|---|---|---|")
-    for path in sorted(table) + ["**all of these**"]:
-        row = total if path.startswith("**") else table[path]
-        if row is not total:
-            total.update(row)
+    for name, row in [(f"`{path}`", table[path]) for path in sorted(table)] + [("**all of these**", total)]:
         killed = row["killed"] + row["timeout"]
         relevant = row["mutants"] - row["equivalent"] - row["device"]
-        print(f"| {path if row is total else '`' + path + '`'} | {row['mutants']} | {row['killed']} | {row['timeout']} "
+        print(f"| {name} | {row['mutants']} | {row['killed']} | {row['timeout']} "
               f"| {row['survived']} | {row['equivalent']} | {row['device']} | {row['message']} "
               f"| {100 * killed / max(row['mutants'], 1):.1f} % | {100 * killed / max(relevant, 1):.1f} % |")
     if unclassified:

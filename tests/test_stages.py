@@ -205,21 +205,23 @@ def test_bench_measures_every_stage(config, capsys):
     assert all(s["train_images_per_s"] > 0 for s in result["stages"])
 
 
-def test_freeze_takes_0_to_depth_blocks_and_refuses_the_rest():
-    from selfsup.methods.assemble import freeze
+def _tiny_vit():
     from selfsup.models.vit import VisionTransformer
 
-    def vit():
-        return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=2, num_heads=2)
+    return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=2, num_heads=2, pool="mean")
 
-    stem_only, everything = vit(), vit()
+
+def test_freeze_takes_0_to_depth_blocks_and_refuses_the_rest():
+    from selfsup.methods.assemble import freeze
+
+    stem_only, everything = _tiny_vit(), _tiny_vit()
     freeze(stem_only, 0)  # the stem alone
     assert not stem_only.patch_embed.weight.requires_grad and stem_only.blocks[0].norm1.weight.requires_grad
     freeze(everything, 2)  # every block
     assert not everything.blocks[1].norm1.weight.requires_grad and everything.norm.weight.requires_grad
     for bad in (-1, 3):
         with pytest.raises(ConfigError, match=rf"^bad value for model.freeze: {bad}; use a number of blocks in 0..2, "):
-            freeze(vit(), bad)
+            freeze(_tiny_vit(), bad)
 
 
 def test_method_names_are_checked_before_use():
@@ -235,16 +237,12 @@ def test_carry_over_takes_a_backbone_or_encoder_and_restarts_the_ema_copies_from
     from selfsup.methods.byol import BYOL, BYOLConfig
     from selfsup.methods.nnclr import NNCLR, NNCLRConfig
     from selfsup.methods.vicreg import VICReg, VICRegConfig
-    from selfsup.models.vit import VisionTransformer
 
-    def vit():
-        return VisionTransformer(img_size=8, patch_size=4, in_channels=1, embed_dim=8, depth=2, num_heads=2, pool="mean")
-
-    source = VICReg(vit(), VICRegConfig(expander=[16, 16]), total_steps=4)  # keeps its encoder as `backbone.`
-    byol = BYOL(vit(), BYOLConfig(projector=[16, 8], predictor=[16, 8]), total_steps=4)
+    source = VICReg(_tiny_vit(), VICRegConfig(expander=[16, 16]), total_steps=4)  # keeps its encoder as `backbone.`
+    byol = BYOL(_tiny_vit(), BYOLConfig(projector=[16, 8], predictor=[16, 8]), total_steps=4)
     carry_over(byol, source.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(byol.backbone.parameters(), source.backbone.parameters()))
-    nnclr = NNCLR(vit(), NNCLRConfig(projector=[16, 8], predictor=[16, 8], queue_size=16, encoder_momentum=0.99),
+    nnclr = NNCLR(_tiny_vit(), NNCLRConfig(projector=[16, 8], predictor=[16, 8], queue_size=16, encoder_momentum=0.99),
                   total_steps=4)
     carried = {f"encoder.{k}": v + 1.0 for k, v in nnclr.encoder.state_dict().items()}  # another run's encoder
     carry_over(nnclr, carried)
