@@ -59,6 +59,15 @@ class MASTConfig:
     # Off: Eq. 7 as printed. On: D_mg ignores the overall scale of the masks and of the variances (the loss can
     # otherwise fall by shrinking every mask or inflating every variance; losses/mast.py, spec §6.4).
     scale_free: bool = False
+    # What the guard divides the variances by (losses/mast.py): their mean over the batch and every dimension
+    # ("batch"), or each dimension's mean over the batch ("dimension": the head cannot pile variance onto the
+    # dimensions the masks select). Only read with scale_free.
+    variance_scale: Literal["batch", "dimension"] = "batch"
+    # LARS's trust ratio on the masks' U (with optim.name: lars). On: every step moves U by a fixed fraction of its
+    # norm, whatever the size of its gradient (at the ImageNet presets' lr 1.6 an unscaled step moved mask entries by
+    # ~6x their size). Off: plain SGD with momentum, so the small L1 gradient (lambda1 = 600 / (d K)) moves the masks
+    # slowly instead of at LARS's pace.
+    masks_lars: bool = True
     crop_p: Probability = 1.0  # RandomResizedCrop's probability when drawn (torchvision's is 1)
     extra_p: Probability = 0.5  # probability of each MAST-15 extra op when drawn (the paper gives none; the spec's default)
     # Which subspaces Eq. 4 trains for a pair: "drawn" (the ops sampled for it, the paper's wording) or "applied" (the
@@ -85,10 +94,10 @@ class MAST(nn.Module):
         self.projector = GaussianHead(backbone.num_features, cfg.embedding_dim, cfg.trunk, cfg.variance)
         self.mask_params = nn.Parameter(init_masks(cfg.embedding_dim, len(cfg.ops)))  # U; M = ReLU(U)
         # No weight decay: the L1 term (lambda1 ||M||_1) is their penalty, and decay on U would also pull the dead
-        # (negative) entries of U towards 0, reviving them. LARS's trust ratio, though, as for any 2-D weight: at the
-        # ImageNet presets' lr 1.6 an unscaled step moved mask entries by ~6x their size.
+        # (negative) entries of U towards 0, reviving them. LARS's trust ratio as for any 2-D weight unless
+        # masks_lars is off (then plain SGD with momentum, as LARS gives biases and norms).
         self.mask_params._no_weight_decay = True  # type: ignore[attr-defined]
-        self.mask_params._lars_without_weight_decay = True  # type: ignore[attr-defined]
+        self.mask_params._lars_without_weight_decay = cfg.masks_lars  # type: ignore[attr-defined]
         self.extended = any(op not in MAST_OPS for op in cfg.ops)  # MAST-15 ops in use
         self.op_columns = [(MAST15_OPS if self.extended else MAST_OPS).index(op) for op in cfg.ops]
         self.register_buffer("op_counts", torch.from_numpy(augmentation_count_schedule(
@@ -143,7 +152,7 @@ class MAST(nn.Module):
         masks = self.masks
         loss, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, self.active, self.cfg.invariance_weight,
                                 self.cfg.sparsity_weight, self.cfg.kl_weight, self.cfg.var_weight, self.cfg.cov_weight,
-                                self.cfg.scale_free)
+                                self.cfg.scale_free, self.cfg.variance_scale)
         return StepOutput(loss, {**terms, **self.diagnostics(var_a, var_b)}, mu_a.detach())
 
     @torch.no_grad()

@@ -35,6 +35,12 @@ LOSSES = {
     "mast": lambda a, b: mast_loss(a, nn.functional.softplus(a), b, nn.functional.softplus(b.flip(1)),
                                    torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2),
                                    (a[:, :2] > 0).to(a.dtype))[0],
+    # The guard's batch means (per dimension) are batch statistics too.
+    "mast_scale_free_dimension": lambda a, b: mast_loss(a, nn.functional.softplus(a), b,
+                                                        nn.functional.softplus(b.flip(1)),
+                                                        torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2),
+                                                        (a[:, :2] > 0).to(a.dtype), scale_free=True,
+                                                        variance_scale="dimension")[0],
 }
 
 

@@ -149,3 +149,39 @@ def test_scale_free_guard_removes_both_degenerate_directions() -> None:
     assert scaled["distance"].item() == pytest.approx(base["distance"].item(), rel=1e-6)
     assert scaled["sparsity"].item() == pytest.approx(0.1 * base["sparsity"].item(), rel=1e-6)  # L1 on the raw masks
     assert base["distance"].item() != pytest.approx(plain["distance"].item(), rel=1e-3)
+
+
+def test_per_dimension_variance_scale_by_hand() -> None:
+    """``variance_scale="dimension"``: each dimension's variances over half the sum of the two views' batch means
+    of that dimension; the masks over their column means, as with the batch-wide scale."""
+    mu_a = torch.tensor([[1.0, 2.0], [0.0, 1.0]], dtype=torch.float64)
+    mu_b = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    var_a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)  # dimension means 2, 3
+    var_b = torch.tensor([[2.0, 6.0], [2.0, 0.0]], dtype=torch.float64)  # dimension means 2, 3: scales 2, 3
+    masks = torch.tensor([[1.0], [3.0]], dtype=torch.float64)  # column mean 2: normalised [0.5, 1.5]
+    # pair 0: num 2 (1 * 0.25 + 4 * 2.25) = 18.5, den 0.5 (1 + 2) / 2 + 1.5 (2 + 6) / 3 = 4.75
+    # pair 1: num 2 (1 * 0.25 + 0 * 2.25) = 0.5,  den 0.5 (3 + 2) / 2 + 1.5 (4 + 0) / 3 = 3.25
+    expected = (18.5 / 4.75 + 0.5 / 3.25) / 2
+    _, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, torch.ones(2, 1), scale_free=True,
+                         variance_scale="dimension")
+    assert terms["distance"].item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_per_dimension_scale_stops_variance_piling_onto_the_masked_dimensions() -> None:
+    """The degenerate direction seen on CIFAR-10: variance raised on the dimensions a mask selects lowers D_mg under
+    the batch-wide scale, and leaves it unchanged under the per-dimension one."""
+    mu_a, var_a, mu_b, var_b, _, active = gaussians(3)
+    masks = torch.full((D, K), 0.05, dtype=torch.float64)
+    masks[:2] = 1.0  # every mask on dimensions 0 and 1
+    pile = torch.ones(D, dtype=torch.float64)
+    pile[:2] = 20.0
+    for scale, lowers in (("batch", True), ("dimension", False)):
+        _, base = mast_loss(mu_a, var_a, mu_b, var_b, masks, active, scale_free=True, variance_scale=scale)
+        _, piled = mast_loss(mu_a, var_a * pile, mu_b, var_b * pile, masks, active, scale_free=True,
+                             variance_scale=scale)
+        if lowers:
+            assert piled["distance"].item() < 0.5 * base["distance"].item()
+        else:
+            assert piled["distance"].item() == pytest.approx(base["distance"].item(), rel=1e-9)
+    with pytest.raises(ValueError, match="variance_scale must be 'batch' or 'dimension', got 'dim'"):
+        mast_loss(mu_a, var_a, mu_b, var_b, masks, active, scale_free=True, variance_scale="dim")

@@ -72,14 +72,15 @@ def test_both_views_get_the_same_drawn_augmentations() -> None:
     assert flipped.any()
 
 
-def _eq_7_by_hand(mu_a, var_a, mu_b, var_b, masks, active, scale_free: bool = False) -> torch.Tensor:
+def _eq_7_by_hand(mu_a, var_a, mu_b, var_b, masks, active, scale_free: bool = False,
+                  per_dimension: bool = False) -> torch.Tensor:
     """MAST Eq. 7 from scratch (§3.1-3.2): lambda = 25 d / K_active, lambda1 = 600 / (d K), lambda2 = 25, VICReg
     variance (25) and covariance (1) on the means of both views, KL as printed (Eqs. 5-6), eps 1e-6 as the loss.
     ``scale_free`` (spec §6.4's safeguard): inside D_mg only, each mask column divided by its mean and the variances
-    by their mean over the batch and both views."""
+    by their mean over the batch and both views (``per_dimension``: each dimension by its own such mean)."""
     n, d = mu_a.shape
     k = masks.shape[1]
-    scale = torch.cat([var_a, var_b]).mean() if scale_free else 1.0
+    scale = torch.cat([var_a, var_b]).mean(dim=0 if per_dimension else None) if scale_free else 1.0
     total = 0.0
     for i in range(n):
         for j in range(k):
@@ -116,11 +117,12 @@ def test_the_step_is_eq_7_on_the_drawn_labels() -> None:
     assert torch.allclose(out.embeddings, mu_a) and not out.embeddings.requires_grad  # monitored: view a's mean
 
 
-@pytest.mark.parametrize("setting", ["scale_free", "avg_pooling"])
+@pytest.mark.parametrize("setting", ["scale_free", "scale_free_per_dimension", "avg_pooling"])
 def test_the_step_follows_the_scale_free_and_pooling_settings(setting: str) -> None:
     """scale_free: D_mg on unit-mean masks and batch-relative variances; avg pooling: the heads see the pooled
     feature (a 1 x 1 map), not the feature map."""
-    overrides = {"scale_free": True} if setting == "scale_free" else {"pooling": "avg"}
+    overrides = {"avg_pooling": {"pooling": "avg"}, "scale_free": {"scale_free": True},
+                 "scale_free_per_dimension": {"scale_free": True, "variance_scale": "dimension"}}[setting]
     mast = method(variance="softplus", **overrides)
     torch.manual_seed(0)
     views = mast.make_views(images(), step=7)
@@ -129,7 +131,8 @@ def test_the_step_follows_the_scale_free_and_pooling_settings(setting: str) -> N
     with torch.no_grad():
         (mu_a, var_a), (mu_b, var_b) = (mast.projector(encode(v)) for v in views)
         expected = _eq_7_by_hand(mu_a, var_a, mu_b, var_b, torch.relu(mast.mask_params), mast.active,
-                                 scale_free=setting == "scale_free")
+                                 scale_free=setting.startswith("scale_free"),
+                                 per_dimension=setting == "scale_free_per_dimension")
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 

@@ -175,3 +175,20 @@ def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
     LARS([{**group, "params": [u]}], lr=1.6, weight_decay=0.5, momentum=0.9, eta=0.02).step()
     step = 1.6 * 0.02 * before.norm() / grad.norm() * grad  # the group's weight_decay 0 overrides the default 0.5
     torch.testing.assert_close(u.detach(), before - step)
+
+
+def test_mast_masks_without_lars_take_a_plain_momentum_step() -> None:
+    """``masks_lars: false``: the masks' group skips the trust ratio, so one step is lr * g (no decay either)."""
+    from selfsup.methods.mast import MAST, MASTConfig
+    from selfsup.models import build_backbone
+
+    backbone = build_backbone("resnet", block="basic", layers=[1], width=4, small_stem=True, in_channels=1)
+    mast = MAST(backbone, MASTConfig(ops=["flip", "crop"], embedding_dim=8, trunk=[8], masks_lars=False),
+                total_steps=4)
+    group = _group_of(parameter_groups(mast), mast.mask_params)
+    assert not group["apply_lars"] and not group["apply_weight_decay"] and group["weight_decay"] == 0.0
+    u = mast.mask_params
+    before = u.detach().clone()
+    u.grad = torch.full_like(u, 3.0)
+    LARS([{**group, "params": [u]}], lr=0.3, weight_decay=0.5, momentum=0.9, eta=0.02).step()
+    torch.testing.assert_close(u.detach(), before - 0.3 * 3.0)
