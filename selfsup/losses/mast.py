@@ -75,7 +75,7 @@ def mast_loss(mu_a: Tensor, var_a: Tensor, mu_b: Tensor, var_b: Tensor, masks: T
     every dimension; ``dimension``, each dimension's own mean over the batch. With ``batch`` the head can still move
     variance *between* dimensions: piled onto the few dimensions the masks select, it shrinks D_mg without any
     invariance (on CIFAR-10 the per-dimension variance followed the mask weight with correlation 0.97 after 300
-    steps, 14x the mean variance on the masks' top 20 dimensions). With ``dimension`` only a sample's uncertainty
+    steps, 8-14x the mean variance on the masks' top 20 dimensions). With ``dimension`` only a sample's uncertainty
     relative to the other samples is left, which is what Eq. 4 weighs pairs by (ambiguous views count less).
     """
     mu_a, var_a, mu_b, var_b = (gather_with_grad(t) for t in (mu_a, var_a, mu_b, var_b))
