@@ -24,6 +24,14 @@ from selfsup.train import distributed
 WORLD = 2
 BATCH, DIM, IN_DIM = 8, 5, 6
 
+
+def _mast(a, b, **options):
+    """MAST on means a, b; variances from them; masks fixed; the active subspaces a function of each row (stay with
+    it)."""
+    return mast_loss(a, nn.functional.softplus(a), b, nn.functional.softplus(b.flip(1)),
+                     torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2), (a[:, :2] > 0).to(a.dtype), **options)[0]
+
+
 # Every loss that gathers the batch over processes; add new ones here.
 LOSSES = {
     "vicreg": lambda a, b: vicreg_loss(a, b)[0],
@@ -31,16 +39,9 @@ LOSSES = {
     # M = 3 views: the two inputs and a third one made from both (its rows stay with their samples).
     "barlow_twins_multiview": lambda a, b: barlow_twins_multiview_loss([a, b, 0.5 * (a + b.flip(1))], lambd=0.1)[0],
     "vicreg_multiview": lambda a, b: vicreg_multiview_loss([a, b, 0.5 * (a + b.flip(1))])[0],
-    # Means a, b; variances from them; masks fixed; the active subspaces a function of each row (stay with it).
-    "mast": lambda a, b: mast_loss(a, nn.functional.softplus(a), b, nn.functional.softplus(b.flip(1)),
-                                   torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2),
-                                   (a[:, :2] > 0).to(a.dtype))[0],
+    "mast": lambda a, b: _mast(a, b),
     # The guard's batch means (per dimension) are batch statistics too.
-    "mast_scale_free_dimension": lambda a, b: mast_loss(a, nn.functional.softplus(a), b,
-                                                        nn.functional.softplus(b.flip(1)),
-                                                        torch.linspace(0, 1, DIM * 2, dtype=a.dtype).view(DIM, 2),
-                                                        (a[:, :2] > 0).to(a.dtype), scale_free=True,
-                                                        variance_scale="dimension")[0],
+    "mast_scale_free_dimension": lambda a, b: _mast(a, b, scale_free=True, variance_scale="dimension"),
 }
 
 

@@ -159,13 +159,18 @@ def test_tokens_get_weight_decay_as_each_authors_code_does() -> None:
     assert not _group_of(groups, mae.decoder.mask_token)["apply_weight_decay"]
 
 
-def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
-    """One LARS step on the masks: lr * eta * ||U|| / ||g|| * g (You et al. 2017), no decay term (the L1 is theirs)."""
+def _tiny_mast(**options):
+    """MAST-2 (flip, crop) on a one-block ResNet, d = 8; ``options`` are more MASTConfig fields."""
     from selfsup.methods.mast import MAST, MASTConfig
     from selfsup.models import build_backbone
 
     backbone = build_backbone("resnet", block="basic", layers=[1], width=4, small_stem=True, in_channels=1)
-    mast = MAST(backbone, MASTConfig(ops=["flip", "crop"], embedding_dim=8, trunk=[8]), total_steps=4)
+    return MAST(backbone, MASTConfig(ops=["flip", "crop"], embedding_dim=8, trunk=[8], **options), total_steps=4)
+
+
+def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
+    """One LARS step on the masks: lr * eta * ||U|| / ||g|| * g (You et al. 2017), no decay term (the L1 is theirs)."""
+    mast = _tiny_mast()
     group = _group_of(parameter_groups(mast), mast.mask_params)
     assert group["apply_lars"] and not group["apply_weight_decay"] and group["weight_decay"] == 0.0
     u = mast.mask_params
@@ -179,12 +184,7 @@ def test_mast_masks_get_lars_trust_ratio_without_weight_decay() -> None:
 
 def test_mast_masks_without_lars_take_a_plain_momentum_step() -> None:
     """``masks_lars: false``: the masks' group skips the trust ratio, so one step is lr * g (no decay either)."""
-    from selfsup.methods.mast import MAST, MASTConfig
-    from selfsup.models import build_backbone
-
-    backbone = build_backbone("resnet", block="basic", layers=[1], width=4, small_stem=True, in_channels=1)
-    mast = MAST(backbone, MASTConfig(ops=["flip", "crop"], embedding_dim=8, trunk=[8], masks_lars=False),
-                total_steps=4)
+    mast = _tiny_mast(masks_lars=False)
     group = _group_of(parameter_groups(mast), mast.mask_params)
     assert not group["apply_lars"] and not group["apply_weight_decay"] and group["weight_decay"] == 0.0
     u = mast.mask_params
