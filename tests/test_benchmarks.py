@@ -416,3 +416,52 @@ def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path
     classes.write_text("selfsup.methods.byol.xǁBYOLǁforward__mutmut_3\tboring\tx\n")
     with pytest.raises(SystemExit, match="unknown class 'boring'"):
         mutation_report.main()
+
+
+TINY_MAST = """
+method: {name: mast, ops: [color_jitter, blur, flip, crop], embedding_dim: 32, trunk: [32], variance: softplus}
+data: {dataset: digits}
+views:
+  - {preset: mast, num: 2, params: {crop_scale: [0.5, 1.0]}}
+model:
+  backbone: resnet
+  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
+optim: {name: adamw, lr: 0.002}
+trainer: {max_steps: 2, batch_size: 32, log_every_steps: 1, progress: false}
+"""
+
+
+def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_them(tmp_path: Path, monkeypatch,
+                                                                                 capsys) -> None:
+    import mast_masks
+
+    from selfsup.config import load_config
+    from selfsup.launch import pretrain
+
+    config = tmp_path / "mast.yaml"
+    config.write_text(TINY_MAST)
+    run = pretrain(load_config(str(config), [f"trainer.out={tmp_path}/run"]))
+    # Plant the degenerate state of docs/reproductions.md by hand: mask k keeps dimensions 0..k+2 at weight 1 (the
+    # rest at 0.1), and the variance head's last bias makes the variance of dimensions 0..5 large.
+    ckpt = run / "checkpoints" / "last.pt"
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    masks = torch.full((32, 4), 0.1)
+    for k in range(4):
+        masks[: k + 3, k] = 1.0
+    state["model"]["mask_params"] = masks
+    state["model"]["projector.fc_var.weight"] = torch.zeros_like(state["model"]["projector.fc_var.weight"])
+    state["model"]["projector.fc_var.bias"] = torch.zeros(32)
+    state["model"]["projector.fc_var.bias"][:6] = 8.0  # variance softplus(8) ~ 8 there, softplus(0) ~ 0.69 elsewhere
+    torch.save(state, ckpt)
+    monkeypatch.setattr(sys, "argv", ["mast_masks.py", str(run), "--fraction", "0.1", "--top", "3"])
+    mast_masks.main()
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["ops"] == ["color_jitter", "blur", "flip", "crop"]
+    assert result["dims_above_half_max"] == [3, 4, 5, 6]
+    assert result["mask_mean"] == pytest.approx((4 * 0.1 * 32 + 0.9 * (3 + 4 + 5 + 6)) / 128, abs=1e-4)
+    assert result["images"] == 150  # 10 % of the digits training split (1,500 images)
+    # mask weight per dimension: 4.0 on 0..2, then 3.1, 2.2, 1.3, then 0.4; variance 8.0003 on 0..5, 0.6931 after
+    weight = np.array([4.0] * 3 + [3.1, 2.2, 1.3] + [0.4] * 26)
+    variance = np.array([np.log1p(np.exp(8.0))] * 6 + [np.log(2.0)] * 26)
+    assert result["corr_mask_weight_variance"] == pytest.approx(np.corrcoef(weight, variance)[0, 1], abs=1e-3)
+    assert result["top_dims_variance_ratio"] == pytest.approx(variance[:3].mean() / variance.mean(), abs=0.01)
