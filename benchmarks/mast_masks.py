@@ -49,8 +49,7 @@ def main() -> None:
     x = torch.as_tensor(data.images).float() / 255
     x = (x - torch.tensor(meta["mean"]).view(1, -1, 1, 1)) / torch.tensor(meta["std"]).view(1, -1, 1, 1)
     with torch.no_grad():
-        encode = method.backbone.forward_feature_map if method.cfg.pooling == "gem" else method.backbone
-        _, var = method.projector(encode(x))  # as MAST.forward encodes a view
+        _, var = method.embed(x)
         masks = method.masks.detach()  # (D, K)
     variance = var.mean(0)
     weight = masks.sum(1)

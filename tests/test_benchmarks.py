@@ -418,29 +418,18 @@ def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path
         mutation_report.main()
 
 
-TINY_MAST = """
-method: {name: mast, ops: [color_jitter, blur, flip, crop], embedding_dim: 32, trunk: [32], variance: softplus}
-data: {dataset: digits}
-views:
-  - {preset: mast, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002}
-trainer: {max_steps: 2, batch_size: 32, log_every_steps: 1, progress: false}
-"""
-
 
 def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_them(tmp_path: Path, monkeypatch,
                                                                                  capsys) -> None:
     import mast_masks
+    from tiny_mast import TINY_MAST
 
     from selfsup.config import load_config
     from selfsup.launch import pretrain
 
     config = tmp_path / "mast.yaml"
     config.write_text(TINY_MAST)
-    run = pretrain(load_config(str(config), [f"trainer.out={tmp_path}/run"]))
+    run = pretrain(load_config(str(config), [f"trainer.out={tmp_path}/run", "trainer.max_steps=2"]))
     # Plant the degenerate state of docs/reproductions.md by hand: mask k keeps dimensions 0..k+2 at weight 1 (the
     # rest at 0.1), and the variance head's last bias makes the variance of dimensions 0..5 large.
     ckpt = run / "checkpoints" / "last.pt"

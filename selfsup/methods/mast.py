@@ -143,12 +143,17 @@ class MAST(nn.Module):
         self.active = active.to(images.device)
         return [view_a, view_b]
 
+    def embed(self, view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian embedding (mu, diagonal of Sigma) of a batch of views: GeM over the feature map or the
+        backbone's pooled vector (``pooling``), then the head."""
+        encode = self.backbone.forward_feature_map if self.cfg.pooling == "gem" else self.backbone
+        return self.projector(encode(view))
+
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         check_num_views("MAST", views, 2)
         if self.active is None or len(self.active) != len(views[0]):
             raise RuntimeError("MAST.forward needs the pairs of make_views (the engine calls it every step)")
-        encode = self.backbone.forward_feature_map if self.cfg.pooling == "gem" else self.backbone
-        (mu_a, var_a), (mu_b, var_b) = (self.projector(encode(view)) for view in views)
+        (mu_a, var_a), (mu_b, var_b) = (self.embed(view) for view in views)
         masks = self.masks
         loss, terms = mast_loss(mu_a, var_a, mu_b, var_b, masks, self.active, self.cfg.invariance_weight,
                                 self.cfg.sparsity_weight, self.cfg.kl_weight, self.cfg.var_weight, self.cfg.cov_weight,

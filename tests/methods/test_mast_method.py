@@ -16,6 +16,7 @@ from selfsup.data.augment import MAST15_OPS, MAST_OPS, augment_config
 from selfsup.data.views import ViewGroup
 from selfsup.methods.mast import MAST, MASTConfig, mask_figure, mask_rows, uncertainty_figure, uncertainty_series
 from selfsup.models import build_backbone
+from tiny_mast import TINY_MAST
 
 OPS = ["color_jitter", "blur", "flip", "crop"]
 
@@ -252,19 +253,6 @@ def test_crop_p_is_the_drawn_crops_probability() -> None:
     assert cropped.any()
     assert torch.allclose(view_a[cropped], centre[cropped], atol=1e-5)
     assert torch.allclose(view_b[cropped], centre[cropped], atol=1e-5)
-
-
-TINY_MAST = """
-method: {name: mast, ops: [color_jitter, blur, flip, crop], embedding_dim: 32, trunk: [32], variance: softplus}
-data: {dataset: digits}
-views:
-  - {preset: mast, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
-trainer: {epochs: 1, batch_size: 64, log_every_steps: 5, progress: false}
-"""
 
 
 def test_a_run_exports_the_encoder_alone_with_its_pictures(tmp_path: Path) -> None:
