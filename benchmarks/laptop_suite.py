@@ -9,11 +9,13 @@ snapshots, and every snapshot is evaluated on the hold-out (``eval.holdout``; 0.
 images, labelled only from the other 45,000). Raw pixels (once) and a random-init network of each method's
 architecture are evaluated the same way.
 
-Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method whose curve.json was made with the
-same budget, hold-out, evaluations and preset is not retrained; one trained from another version of its preset or
-other overrides is moved aside to ``<method>.replaced-<hash>`` and retrained), ``suite.json`` (every number, the CPU model, the command),
-``suite.md`` (the table) and ``suite.png`` (20-NN and linear accuracy against training CPU-minutes, a line per
-method, raw pixels dashed). Prints ``suite.json``'s content as its last stdout line.
+Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method whose curve.json was made with the same
+budget, hold-out, evaluations and preset is not retrained; one trained from another version of its preset or other
+overrides is moved aside to ``<method>.replaced-<hash>`` and retrained), ``suite.json`` (every number, the CPU model,
+the command; the methods of ``--methods`` and every other preset already finished in ``--out`` for this budget, so a
+suite run one method at a time ends with one table), ``suite.md`` (the table) and ``suite.png`` (20-NN and linear
+accuracy against training CPU-minutes, a line per method, raw pixels dashed).
+Prints ``suite.json``'s content as its last stdout line.
 
 A staged preset (``stages:``, e.g. ``mae_ct.yaml``: MAE, then the CT head's initialisation, then contrastive tuning)
 fits the same budget as a whole: each later stage is calibrated and costs the steps the preset gives it, and the first
@@ -78,15 +80,37 @@ def fingerprint(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def method_config(method: str, data_overrides: list[str]) -> Config:
+    """A method's preset with the command line's overrides (``stages.*`` ones only for a staged preset)."""
+    if not load_config(preset(method)).stages:
+        data_overrides = without_stage_overrides(data_overrides)
+    return load_config(preset(method), data_overrides)
+
+
+def finished_elsewhere(skip: list[str], args: argparse.Namespace, data_overrides: list[str]) -> dict[str, dict]:
+    """The other presets' runs already finished in ``--out`` for this budget, hold-out, evaluations and the preset as
+    it is now: a suite run one method at a time still gets one table of all of them. Stale runs are left out, said."""
+    found = {}
+    for method in METHODS:
+        result = None if method in skip else finished(Path(args.out) / method / "curve.json", args, args.cpu_minutes)
+        if result is None:
+            continue
+        made = fingerprint(method_config(method, data_overrides))
+        if result.get("preset_sha256", made) != made:
+            print(f"{method}: its run in {args.out} was made from another version of its preset (or other "
+                  f"overrides); left out of the table, retrain it with --methods {method}", file=sys.stderr)
+            continue
+        found[method] = result
+    return found
+
+
 def run_method(method: str, args: argparse.Namespace, data_overrides: list[str]) -> dict:
     """Train (or reuse) one method's budgeted run; its curve plus the random-network baseline. A finished run made
     from another version of the preset (or other overrides) is moved aside to ``<method>.replaced-<hash>`` and the
     method retrained."""
     out = Path(args.out) / method
     done = out / "curve.json"
-    if not load_config(preset(method)).stages:
-        data_overrides = without_stage_overrides(data_overrides)
-    cfg = load_config(preset(method), data_overrides)
+    cfg = method_config(method, data_overrides)
     made = fingerprint(cfg)
     result = finished(done, args, args.cpu_minutes)
     if result is not None and result.get("preset_sha256", made) == made:
@@ -234,7 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     data_overrides = [f"data.root={args.data}", *args.overrides]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results = {m: run_method(m, args, data_overrides) for m in methods}
+    trained = {m: run_method(m, args, data_overrides) for m in methods}
+    others = finished_elsewhere(methods, args, data_overrides)
+    results = {m: (trained | others)[m] for m in [*METHODS, *methods] if m in trained or m in others}
     suite = {"command": shlex.join(["python", "benchmarks/laptop_suite.py", *(argv or sys.argv[1:])]),
              "date": started, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
              "cpu_minutes_budget": args.cpu_minutes, "holdout": args.holdout,

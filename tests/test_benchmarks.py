@@ -265,6 +265,15 @@ def test_laptop_suite_trains_each_preset_once_and_writes_table_and_plot(tmp_path
     assert checkpoint.stat().st_mtime_ns == stamp
     assert "not retrained" in capsys.readouterr().err
     assert again["methods"]["vicreg"]["curve"] == suite["methods"]["vicreg"]["curve"]
+    # Run one method at a time: the table still holds every preset finished in --out (in the suite's order) ...
+    one = [*argv[:5], "barlow_twins", *argv[6:]]
+    alone = laptop_suite.main(one)
+    assert list(alone["methods"]) == ["vicreg", "barlow_twins"] and alone["methods"] == suite["methods"]
+    assert "| vicreg |" in (out / "suite.md").read_text()
+    # ... but not a run made from another version of its preset: here every preset's lr differs from vicreg's run.
+    changed = laptop_suite.main([*one, "optim.lr=0.2"])
+    assert list(changed["methods"]) == ["barlow_twins"]
+    assert "vicreg: its run in" in capsys.readouterr().err and "| vicreg |" not in (out / "suite.md").read_text()
 
 
 def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, monkeypatch, capsys) -> None:
