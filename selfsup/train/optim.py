@@ -48,9 +48,9 @@ def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_d
     decay. LARS skips its trust ratio on them too (as in BYOL, VICReg and MSN's code), except for parameters marked
     ``_lars_without_weight_decay = True`` (MAST's masks unless ``method.masks_lars: false``: their L1 term is
     their only penalty, but at the ImageNet presets' lr 1.6 a plain SGD step would move them by several times their
-    size). Parameters of ``encoder`` in layer l of L (:func:`layer_ids`) get ``lr_scale = layer_decay^(L + 1 - l)``; parameters outside
-    it (the heads) get ``head_lr_scale`` and ``head_wd_scale``. The engine sets each group's lr and weight decay per step as the
-    schedule's value times these scales.
+    size). Parameters of ``encoder`` in layer l of L (:func:`layer_ids`) get ``lr_scale = layer_decay^(L + 1 - l)``;
+    parameters outside it (the heads) get ``head_lr_scale`` and ``head_wd_scale``. The engine sets each group's lr and
+    weight decay per step as the schedule's value times these scales.
     """
     ids, num_layers = layer_ids(encoder) if encoder is not None else ({}, 0)
     encoder_params = {id(p): name for name, p in encoder.named_parameters()} if encoder is not None else {}
