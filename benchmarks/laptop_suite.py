@@ -89,7 +89,8 @@ def method_config(method: str, data_overrides: list[str]) -> Config:
 
 def finished_elsewhere(skip: list[str], args: argparse.Namespace, data_overrides: list[str]) -> dict[str, dict]:
     """The other presets' runs already finished in ``--out`` for this budget, hold-out, evaluations and the preset as
-    it is now: a suite run one method at a time still gets one table of all of them. Stale runs are left out, said."""
+    it is now: a suite run one method at a time still gets one table of all of them. A run from another version of
+    its preset is left out, with a message."""
     found = {}
     for method in METHODS:
         result = None if method in skip else finished(Path(args.out) / method / "curve.json", args, args.cpu_minutes)
@@ -258,9 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     data_overrides = [f"data.root={args.data}", *args.overrides]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    trained = {m: run_method(m, args, data_overrides) for m in methods}
-    others = finished_elsewhere(methods, args, data_overrides)
-    results = {m: (trained | others)[m] for m in [*METHODS, *methods] if m in trained or m in others}
+    done = {m: run_method(m, args, data_overrides) for m in methods} | finished_elsewhere(methods, args, data_overrides)
+    results = {m: done[m] for m in dict.fromkeys([*METHODS, *methods]) if m in done}  # the suite's order
     suite = {"command": shlex.join(["python", "benchmarks/laptop_suite.py", *(argv or sys.argv[1:])]),
              "date": started, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
              "cpu_minutes_budget": args.cpu_minutes, "holdout": args.holdout,
