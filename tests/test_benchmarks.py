@@ -428,7 +428,6 @@ def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path
         mutation_report.main()
 
 
-
 def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_them(tmp_path: Path, monkeypatch,
                                                                                  capsys) -> None:
     import mast_masks
