@@ -80,6 +80,12 @@ def fingerprint(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def same_preset(result: dict, made: str) -> bool:
+    """Whether a finished run was trained from the preset whose fingerprint is ``made``; a run from before the suite
+    recorded its preset's hash counts as the same."""
+    return result.get("preset_sha256", made) == made
+
+
 def method_config(method: str, data_overrides: list[str]) -> Config:
     """A method's preset with the command line's overrides (``stages.*`` ones only for a staged preset)."""
     if not load_config(preset(method)).stages:
@@ -97,7 +103,7 @@ def finished_elsewhere(skip: list[str], args: argparse.Namespace, data_overrides
         if result is None:
             continue
         made = fingerprint(method_config(method, data_overrides))
-        if result.get("preset_sha256", made) != made:
+        if not same_preset(result, made):
             print(f"{method}: its run in {args.out} was made from another version of its preset (or other "
                   f"overrides); left out of the table, retrain it with --methods {method}", file=sys.stderr)
             continue
@@ -114,7 +120,7 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
     cfg = method_config(method, data_overrides)
     made = fingerprint(cfg)
     result = finished(done, args, args.cpu_minutes)
-    if result is not None and result.get("preset_sha256", made) == made:
+    if result is not None and same_preset(result, made):
         note = "" if "preset_sha256" in result else " (trained before the suite recorded its preset's hash)"
         print(f"{method}: finished earlier in {out}, not retrained{note}", file=sys.stderr)
         return result
