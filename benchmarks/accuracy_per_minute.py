@@ -162,12 +162,14 @@ def main() -> None:
     parser.add_argument("--holdout", type=float, default=None,
                         help="evaluate on this held-out fraction of the training split (choosing settings), not the test split")
     parser.add_argument("--out", default=None, help="output folder (default runs/budget_<config name>)")
+    parser.add_argument("--no-raw", action="store_true",
+                        help="skip raw pixels (the same for every arm of a screen; \"raw\" is then null)")
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be a positive number of training steps, got {args.steps}")
     out = Path(args.out or f"runs/budget_{Path(args.config).stem}")
     result = budget_curve(args.config, args.overrides, args.cpu_minutes, out, args.points, args.evals,
-                          args.calibration_steps, args.holdout, args.steps)
+                          args.calibration_steps, args.holdout, args.steps, with_raw=not args.no_raw)
     print(json.dumps(result))
 
 

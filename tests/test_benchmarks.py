@@ -168,9 +168,10 @@ def test_accuracy_per_minute_trains_a_fixed_number_of_steps_without_calibrating(
     config.write_text(TINY_MULTIVIEW)
     out = tmp_path / "steps"
     monkeypatch.setattr(sys, "argv", ["accuracy_per_minute.py", str(config), "--steps", "4", "--points", "2",
-                                      "--evals", "knn", "--holdout", "0.2", "--out", str(out)])
+                                      "--evals", "knn", "--holdout", "0.2", "--no-raw", "--out", str(out)])
     accuracy_per_minute.main()
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["raw"] is None  # --no-raw: a screen's arms share one raw-pixel score
     assert result["steps"] == 4 and [p["step"] for p in result["curve"]] == [2, 4]
     assert result["cpu_minutes_budget"] is None and result["calibration_cpu_s_per_step"] is None
     assert not (out / "calibration").exists()
