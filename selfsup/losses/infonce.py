@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from selfsup.train.distributed import gather_no_grad, gather_with_grad, rank
 
 
-def info_nce_loss(query: torch.Tensor, key: torch.Tensor, temperature: float, key_gradient: bool = False) -> torch.Tensor:
+def info_nce_loss(query: torch.Tensor, key: torch.Tensor, temperature: float, key_gradient: bool = False,
+                  negatives: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of ``cos(query, keys) / temperature`` with the image's own key as the positive.
 
     ``key`` (B, d) holds this process's keys; the negatives are the keys of every other image on every process.
@@ -18,10 +19,14 @@ def info_nce_loss(query: torch.Tensor, key: torch.Tensor, temperature: float, ke
     process's keys through the all-gather. ``query`` (m * B, d) may stack m queries per image mask-major, as
     ExtreMA's masks are; query row ``i`` belongs to image ``i mod B``. Each process averages over its own
     queries, so DDP's gradient averaging gives the single-process gradient of the global batch.
+    ``negatives`` (K, d), optional: further keys that are every query's negatives (MoCo v2's queue of past keys,
+    the same on every process), constants.
     """
     if query.ndim != 2 or key.ndim != 2 or query.shape[1] != key.shape[1] or len(query) % len(key):
         raise ValueError(f"query must be (m * B, d) for keys (B, d); got {tuple(query.shape)} and {tuple(key.shape)}")
     keys = F.normalize(gather_with_grad(key) if key_gradient else gather_no_grad(key), dim=1)
+    if negatives is not None:
+        keys = torch.cat([keys, F.normalize(negatives.detach().to(keys.dtype), dim=1)])
     logits = F.normalize(query, dim=1) @ keys.t() / temperature
     labels = torch.arange(len(query), device=query.device) % len(key) + rank() * len(key)
     return F.cross_entropy(logits, labels)

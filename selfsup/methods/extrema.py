@@ -8,6 +8,7 @@ One step (Sec. 3, Sec. 5.1; the authors' lib/builder.py)::
     q     = predictor(projector(student(x_s, keep)))                        # (m * B, P): only kept tokens enter
     t     = teacher_projector(teacher(x_t))                                 # (B, P): all N tokens, one pass for all masks
     loss  = mean over masks and images of 2 - 2 cos(q, sg(t))              # asymmetric: no symmetrised term
+            (or Tab. 6's InfoNCE of q against the batch's keys t, optionally with a queue of past keys, MoCo v2)
 
 The instance representation is the late [CLS] after the CaiT class-attention blocks and the final LayerNorm
 (``model.params: {num_class_attention_blocks: 2}``); the heads use LayerNorm + GELU (``method.head_norm``), so
@@ -33,6 +34,7 @@ from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, S
 from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
+from selfsup.train.queue import FeatureQueue
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
@@ -47,6 +49,9 @@ class ExtreMAConfig:
     disjoint: bool = True  # "without replacement": the masks' visible sets do not overlap (code default)
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
     temperature: Temperature = 0.2  # InfoNCE only
+    # InfoNCE only: 0 = the global batch's other keys are the negatives (the paper, MoCo v3 at batch 4096); > 0 = also
+    # a FIFO of this many past teacher keys (MoCo v2's queue), which gives a small batch the paper's negative count
+    queue_size: Annotated[int, Range(ge=0, le=2**26, example="4096")] = 0
     momentum: EMAMomentum = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
     momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
@@ -57,9 +62,26 @@ class ExtreMAConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "method.")
+        if self.queue_size and self.loss != "infonce":
+            raise ConfigError(f"method.queue_size={self.queue_size} holds InfoNCE negatives, but method.loss is "
+                              f"{self.loss!r}; set method.loss: infonce or method.queue_size: 0")
         if self.predictor[-1] != self.projector[-1]:
             raise ConfigError(f"method.predictor must end at the projector's output width {self.projector[-1]} (it "
                               f"predicts the teacher's projection), got {self.predictor}")
+
+    def check_batch(self, global_batch: int) -> None:
+        """Each step pushes the global batch's keys: the queue must hold a whole number of batches."""
+        if self.queue_size % global_batch:
+            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} is not a multiple of the global "
+                              f"batch {global_batch}; use e.g. {max(1, self.queue_size // global_batch) * global_batch}")
+
+    def check_dataset(self, num_images: int, global_batch: int) -> None:
+        """A queue as long as an epoch holds every image's own earlier key among its negatives."""
+        if self.queue_size >= num_images:
+            fit = max(global_batch, (num_images // 10) // global_batch * global_batch)
+            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} >= the {num_images} training images: "
+                              f"each image's own earlier key would be one of its negatives; use e.g. "
+                              f"method.queue_size={fit} (a multiple of trainer.batch_size well below the dataset size)")
 
 
 class ExtreMA(nn.Module):
@@ -92,6 +114,8 @@ class ExtreMA(nn.Module):
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):
                 module.drop_prob = 0.0
+        self.queue = FeatureQueue(cfg.queue_size, cfg.projector[-1]) if cfg.queue_size else None
+        self._enqueue: torch.Tensor | None = None
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
         self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
         self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
@@ -123,9 +147,16 @@ class ExtreMA(nn.Module):
         with torch.no_grad():  # one unmasked pass serves every mask
             teacher_vit, teacher_head = self.target.module
             t = teacher_head(teacher_vit.forward_features(teacher_view)[self.encoder.pool])  # (B, P)
-        return StepOutput(extrema_loss(q, t, c.loss, c.temperature), {}, z[:batch].detach())
+        negatives = None
+        if self.queue is not None:
+            negatives, self._enqueue = self.queue.features, t  # the keys enter the queue after the step
+        return StepOutput(extrema_loss(q, t, c.loss, c.temperature, negatives), {}, z[:batch].detach())
 
     def after_step(self, step: int) -> None:
-        """EMA update of the teacher encoder and projector, ``xi <- m xi + (1 - m) theta``."""
+        """Push this step's teacher keys into the queue, if any; EMA update of the teacher encoder and projector,
+        ``xi <- m xi + (1 - m) theta``."""
+        if self._enqueue is not None:
+            self.queue.push(self._enqueue)
+            self._enqueue = None
         m = float(self.momentum[min(step, len(self.momentum) - 1)])
         self.target.update(nn.Sequential(self.encoder, self.projector), m)

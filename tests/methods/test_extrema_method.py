@@ -131,6 +131,14 @@ def test_byol_objective_on_hand_values() -> None:
     assert extrema_loss(torch.cat([parallel, orthogonal]), t).item() == pytest.approx(1.0)
     q = torch.eye(4)  # InfoNCE for q = k = I: 2 tau log(1 + (n - 1) e^(-1/tau))
     assert extrema_loss(q, q, "infonce", 0.2).item() == pytest.approx(0.4 * math.log(1 + 3 * math.exp(-5)))
+    # a queue of two past keys: one along image 0's key (cosine 1 at any length), one orthogonal to every image.
+    # Image 0 then has two logits of 1/tau against four of 0; images 1-3 one of 1/tau against five of 0
+    q5, queue = torch.eye(5)[:4], torch.tensor([[3.0, 0, 0, 0, 0], [0, 0, 0, 0, 1]])
+    e = math.exp(5)
+    hand = 0.4 * (-math.log(e / (2 * e + 4)) - 3 * math.log(e / (e + 5))) / 4
+    assert extrema_loss(q5, q5, "infonce", 0.2, queue).item() == pytest.approx(hand)
+    with pytest.raises(ValueError, match="needs loss='infonce'"):
+        extrema_loss(q5, q5, "byol", 0.2, queue)
 
 
 def test_one_view_is_the_one_aug_scheme_and_other_counts_fail() -> None:
@@ -272,6 +280,38 @@ def test_bad_backbones_and_options_fail_clearly() -> None:
             _method(**{key: value})
 
 
+def test_key_queue_adds_past_teacher_keys_as_negatives_and_takes_this_steps_keys_after_it() -> None:
+    method = _method(loss="infonce", queue_size=12, temperature=0.1)
+    before = method.queue.features.clone()
+    torch.manual_seed(5)
+    out = method(_views())
+    torch.manual_seed(5)
+    plain = _method(loss="infonce", temperature=0.1)(_views())  # same weights, masks and views, no queue
+    assert out.loss.item() > plain.loss.item() + 1e-3  # twelve more negatives raise the loss
+    torch.testing.assert_close(method.queue.features, before)  # nothing enters before the step's backward
+    with torch.no_grad():
+        teacher_vit, teacher_head = method.target.module
+        t = teacher_head(teacher_vit.forward_features(_views()[1])["cls"])
+    method.after_step(0)
+    torch.testing.assert_close(method.queue.features[:B], torch.nn.functional.normalize(t, dim=1))
+    torch.testing.assert_close(method.queue.features[B:], before[B:])
+    assert int(method.queue.pointer) == B
+    assert "queue.features" in method.state_dict()  # checkpoints carry it
+
+
+def test_key_queue_options_fail_clearly() -> None:
+    from selfsup.methods import check_dataset, method_config
+
+    with pytest.raises(ConfigError, match="method.loss is 'byol'"):
+        _method(queue_size=12)
+    _, cfg = method_config({"name": "extrema", "loss": "infonce", "queue_size": 1000})
+    with pytest.raises(ConfigError, match="not a multiple of the global batch 128; use e.g. 896"):
+        cfg.check_batch(128)
+    with pytest.raises(ConfigError, match="own earlier key"):
+        check_dataset({"name": "extrema", "loss": "infonce", "queue_size": 1024}, 1000, 128)
+    assert _method().queue is None  # the paper: the batch's keys only
+
+
 # ------------------------------------------------------------------------------- DDP
 IN, OUT, MASKS, BATCH = 6, 5, 3, 8
 
@@ -284,26 +324,33 @@ def _ddp_inputs():
     return x, t, {k: v.clone() for k, v in linear.state_dict().items()}
 
 
+CASES = ("byol", "infonce", "infonce+queue")  # the queue: the same past keys on every process, extra negatives
+
+
 def _ddp_rank(rank: int, world: int, x, t, state) -> dict:
     local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     out = {}
-    for loss in ("byol", "infonce"):
+    for case in CASES:
         model = nn.Linear(IN, OUT).double()
         model.load_state_dict(state)
         ddp = DistributedDataParallel(model)  # kept alive: its hooks all-reduce the gradients in backward
-        extrema_loss(ddp(x[:, local].reshape(-1, IN)), t[local], loss).backward()  # this rank's images, mask-major
-        out[loss] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        loss, _, queue = case.partition("+")
+        negatives = torch.linspace(-1, 1, 4 * OUT, dtype=torch.float64).view(4, OUT).cos() if queue else None
+        extrema_loss(ddp(x[:, local].reshape(-1, IN)), t[local], loss, 0.2, negatives).backward()  # mask-major
+        out[case] = {n: p.grad.clone() for n, p in model.named_parameters()}
     return out
 
 
 def test_loss_gradient_in_two_gloo_processes_equals_the_single_process_one() -> None:
     x, t, state = _ddp_inputs()
     results = run_ddp(_ddp_rank, 2, x, t, state)
-    for loss in ("byol", "infonce"):
+    for case in CASES:
         model = nn.Linear(IN, OUT).double()
         model.load_state_dict(state)
-        extrema_loss(model(x.reshape(-1, IN)), t, loss).backward()
+        loss, _, queue = case.partition("+")
+        negatives = torch.linspace(-1, 1, 4 * OUT, dtype=torch.float64).view(4, OUT).cos() if queue else None
+        extrema_loss(model(x.reshape(-1, IN)), t, loss, 0.2, negatives).backward()
         assert model.weight.grad.abs().max() > 1e-3
         for rank, res in enumerate(results):
             for name, p in model.named_parameters():
-                torch.testing.assert_close(res[loss][name], p.grad, rtol=1e-10, atol=1e-12, msg=f"{loss} {rank} {name}")
+                torch.testing.assert_close(res[case][name], p.grad, rtol=1e-10, atol=1e-12, msg=f"{case} {rank} {name}")
