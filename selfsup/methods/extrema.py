@@ -34,7 +34,7 @@ from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, S
 from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.queue import FeatureQueue
+from selfsup.train.queue import FeatureQueue, check_queue_batch
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
@@ -50,7 +50,7 @@ class ExtreMAConfig:
     loss: Literal["byol", "infonce"] = "byol"  # Tab. 6: BYOL, or MoCo-v3 InfoNCE against gathered teacher keys
     temperature: Temperature = 0.2  # InfoNCE only
     # InfoNCE only: 0 = the global batch's other keys are the negatives (the paper, MoCo v3 at batch 4096); > 0 = also
-    # a FIFO of this many past teacher keys (MoCo v2's queue), which gives a small batch the paper's negative count
+    # a FIFO of this many past teacher keys (MoCo v2's queue; not the paper's, level on CIFAR-10, docs/benchmarks.md)
     queue_size: Annotated[int, Range(ge=0, le=2**26, example="4096")] = 0
     momentum: EMAMomentum = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
     momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
@@ -71,9 +71,7 @@ class ExtreMAConfig:
 
     def check_batch(self, global_batch: int) -> None:
         """Each step pushes the global batch's keys: the queue must hold a whole number of batches."""
-        if self.queue_size % global_batch:
-            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} is not a multiple of the global "
-                              f"batch {global_batch}; use e.g. {max(1, self.queue_size // global_batch) * global_batch}")
+        check_queue_batch(self.queue_size, global_batch)
 
     def check_dataset(self, num_images: int, global_batch: int) -> None:
         """A queue as long as an epoch holds every image's own earlier key among its negatives."""

@@ -28,7 +28,7 @@ from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
-from selfsup.train.queue import FeatureQueue
+from selfsup.train.queue import FeatureQueue, check_queue_batch
 
 
 @dataclass
@@ -53,9 +53,7 @@ class NNCLRConfig:
 
     def check_batch(self, global_batch: int) -> None:
         """Each step pushes the global batch: the queue must hold a whole number of batches (MAE-CT's assertion)."""
-        if self.queue_size % global_batch:
-            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} is not a multiple of the global "
-                              f"batch {global_batch}; use e.g. {max(1, self.queue_size // global_batch) * global_batch}")
+        check_queue_batch(self.queue_size, global_batch)
 
     def check_dataset(self, num_images: int, global_batch: int) -> None:
         """Refuse a queue that holds a whole epoch: every image's own embedding from its last visit would be in the

@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from selfsup.config import ConfigError
 from selfsup.train.distributed import gather_no_grad
+
+
+def check_queue_batch(queue_size: int, global_batch: int) -> None:
+    """Each step pushes the global batch: a queue (``method.queue_size``) must hold a whole number of batches."""
+    if queue_size % global_batch:
+        raise ConfigError(f"bad value for method.queue_size: {queue_size} is not a multiple of the global batch "
+                          f"{global_batch}; use e.g. {max(1, queue_size // global_batch) * global_batch}")
 
 
 class FeatureQueue(nn.Module):
