@@ -113,7 +113,6 @@ class ExtreMA(nn.Module):
             if isinstance(module, DropPath):
                 module.drop_prob = 0.0
         self.queue = FeatureQueue(cfg.queue_size, cfg.projector[-1]) if cfg.queue_size else None
-        self._enqueue: torch.Tensor | None = None
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
         self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
         self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
@@ -147,14 +146,14 @@ class ExtreMA(nn.Module):
             t = teacher_head(teacher_vit.forward_features(teacher_view)[self.encoder.pool])  # (B, P)
         negatives = None
         if self.queue is not None:
-            negatives, self._enqueue = self.queue.features, t  # the keys enter the queue after the step
+            negatives = self.queue.features
+            self.queue.push_after_step(t)
         return StepOutput(extrema_loss(q, t, c.loss, c.temperature, negatives), {}, z[:batch].detach())
 
     def after_step(self, step: int) -> None:
         """Push this step's teacher keys into the queue, if any; EMA update of the teacher encoder and projector,
         ``xi <- m xi + (1 - m) theta``."""
-        if self._enqueue is not None:
-            self.queue.push(self._enqueue)
-            self._enqueue = None
+        if self.queue is not None:
+            self.queue.push_pending()
         m = float(self.momentum[min(step, len(self.momentum) - 1)])
         self.target.update(nn.Sequential(self.encoder, self.projector), m)

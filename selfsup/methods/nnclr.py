@@ -88,7 +88,6 @@ class NNCLR(nn.Module):
         self.queue = FeatureQueue(cfg.queue_size, cfg.projector[-1])
         self.projector_ema = EMATeacher(self.projector) if cfg.projector_momentum is not None else None
         self.encoder_ema = EMATeacher(self.encoder) if cfg.encoder_momentum is not None else None
-        self._enqueue: torch.Tensor | None = None
 
     @property
     def backbone(self) -> nn.Module:
@@ -112,14 +111,12 @@ class NNCLR(nn.Module):
             neighbours = [self.queue.nearest(ki, c.topk) for ki in key]
         loss = 0.5 * (info_nce_loss(neighbours[0], p[1], c.temperature, key_gradient=True)
                       + info_nce_loss(neighbours[1], p[0], c.temperature, key_gradient=True))
-        self._enqueue = key[0]  # view 1 enters the queue after the step
+        self.queue.push_after_step(key[0])  # view 1
         nn_cos = (key[0] * neighbours[0]).sum(dim=1).mean()
         return StepOutput(loss, {"nn_cos": nn_cos}, z[0].detach())
 
     def after_step(self, step: int) -> None:
-        if self._enqueue is not None:
-            self.queue.push(self._enqueue)
-            self._enqueue = None
+        self.queue.push_pending()
         if self.projector_ema is not None:
             self.projector_ema.update(self.projector, self.cfg.projector_momentum)
         if self.encoder_ema is not None:

@@ -30,6 +30,18 @@ class FeatureQueue(nn.Module):
             raise ValueError(f"a queue needs size >= 1 and dim >= 1, got size={size}, dim={dim}")
         self.register_buffer("features", F.normalize(torch.randn(size, dim), dim=1))
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
+        self._pending: torch.Tensor | None = None
+
+    def push_after_step(self, z: torch.Tensor) -> None:
+        """Hold ``z`` for :meth:`push_pending`: a step's rows enter only after its backward, which may still need the
+        queue's current contents."""
+        self._pending = z
+
+    def push_pending(self) -> None:
+        """:meth:`push` the rows held by :meth:`push_after_step`, if any (the method's ``after_step``)."""
+        if self._pending is not None:
+            self.push(self._pending)
+            self._pending = None
 
     @torch.no_grad()
     def nearest(self, z: torch.Tensor, k: int = 1) -> torch.Tensor:

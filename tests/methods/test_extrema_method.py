@@ -327,6 +327,12 @@ def _ddp_inputs():
 CASES = ("byol", "infonce", "infonce+queue")  # the queue: the same past keys on every process, extra negatives
 
 
+def _case(case: str) -> tuple[str, torch.Tensor | None]:
+    """The loss and, for ``+queue``, four fixed past keys."""
+    loss, _, queue = case.partition("+")
+    return loss, torch.linspace(-1, 1, 4 * OUT, dtype=torch.float64).view(4, OUT).cos() if queue else None
+
+
 def _ddp_rank(rank: int, world: int, x, t, state) -> dict:
     local = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     out = {}
@@ -334,8 +340,7 @@ def _ddp_rank(rank: int, world: int, x, t, state) -> dict:
         model = nn.Linear(IN, OUT).double()
         model.load_state_dict(state)
         ddp = DistributedDataParallel(model)  # kept alive: its hooks all-reduce the gradients in backward
-        loss, _, queue = case.partition("+")
-        negatives = torch.linspace(-1, 1, 4 * OUT, dtype=torch.float64).view(4, OUT).cos() if queue else None
+        loss, negatives = _case(case)
         extrema_loss(ddp(x[:, local].reshape(-1, IN)), t[local], loss, 0.2, negatives).backward()  # mask-major
         out[case] = {n: p.grad.clone() for n, p in model.named_parameters()}
     return out
@@ -347,8 +352,7 @@ def test_loss_gradient_in_two_gloo_processes_equals_the_single_process_one() -> 
     for case in CASES:
         model = nn.Linear(IN, OUT).double()
         model.load_state_dict(state)
-        loss, _, queue = case.partition("+")
-        negatives = torch.linspace(-1, 1, 4 * OUT, dtype=torch.float64).view(4, OUT).cos() if queue else None
+        loss, negatives = _case(case)
         extrema_loss(model(x.reshape(-1, IN)), t, loss, 0.2, negatives).backward()
         assert model.weight.grad.abs().max() > 1e-3
         for rank, res in enumerate(results):
