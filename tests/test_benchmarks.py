@@ -402,6 +402,37 @@ def test_suite_trends_plots_each_complete_comparison_and_prints_the_gains(tmp_pa
         suite_trends.main(["--suite", str(tmp_path / "empty")])
 
 
+def test_plot_arms_groups_seeds_from_arm_files_and_curves(tmp_path: Path, capsys) -> None:
+    import plot_arms
+
+    def point(knn: float, one_shot: float) -> dict:
+        return {"step": 10, "knn_top1": knn, "linear_top1": 50.0, "lowshot_1shot_mean": one_shot}
+
+    arms = tmp_path / "arms.jsonl"
+    arms.write_text("\n".join(json.dumps(row) for row in [
+        {"arm": "a_s1", "rc": 0, "result": {"curve": [point(1.0, 1.0), point(44.0, 19.0)]}},
+        {"arm": "b", "rc": 0, "result": {"curve": [point(40.0, 17.0)]}},
+        {"arm": "dead", "rc": 124, "result": None}]) + "\n")
+    (tmp_path / "curve.json").write_text(json.dumps({"curve": [point(46.0, 21.0)]}))
+    out = tmp_path / "arms.png"
+    summary = plot_arms.main([str(out), f"A={tmp_path / 'curve.json'}", f"A={arms}:a_s1", f"B={arms}:b",
+                              "--line", "1-shot=19.93"])
+    assert json.loads(capsys.readouterr().out) == summary
+    assert out.stat().st_size > 0
+    assert list(summary) == ["A", "B"]  # in the order given
+    assert summary["A"]["runs"] == 2 and summary["B"]["runs"] == 1
+    assert summary["A"]["20-NN"] == {"mean": 45.0, "std": 1.41}  # each run's last point: 46 and 44
+    assert summary["A"]["1-shot"] == {"mean": 20.0, "std": 1.41}
+    assert summary["B"]["1-shot"] == {"mean": 17.0, "std": None}
+    assert "5-shot" not in summary["A"]
+    with pytest.raises(SystemExit, match="'dead' .*no result .*124"):
+        plot_arms.main([str(out), f"A={arms}:dead"])
+    with pytest.raises(SystemExit, match="no arm 'c'"):
+        plot_arms.main([str(out), f"A={arms}:c"])
+    with pytest.raises(SystemExit):
+        plot_arms.main([str(out), f"A={arms}:b", "--line", "recall=3"])
+
+
 def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path, capsys):
     import mutation_report
 
