@@ -18,10 +18,11 @@ accuracy against training CPU-minutes, a line per method, raw pixels dashed).
 Prints ``suite.json``'s content as its last stdout line.
 
 A staged preset (``stages:``, e.g. ``mae_ct.yaml``: MAE, then the CT head's initialisation, then contrastive tuning)
-fits the same budget as a whole: each later stage is calibrated and costs the steps the preset gives it, and the first
-stage (the preset named after its method, ``mae``) is sized to what is left, into ``<method>/first/``. The later
-stages continue it. Its curve is the first stage's snapshots followed by the staged run's end, whose CPU-minutes are
-all the stages' (MAE-CT at 30 minutes: MAE for what the tuning leaves, then the tuning).
+fits the same budget as a whole, in the preset's proportions: every stage is calibrated, the lengths the preset gives
+the stages are priced on this machine, and all of them are scaled by one factor to the budget (``stage_sizes`` in its
+result). The first stage (the preset named after its method, ``mae``) is trained for its share into
+``<method>/first/``; the later stages continue it. Its curve is the first stage's snapshots followed by the staged
+run's end, whose CPU-minutes are all the stages'.
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ def preset(method: str) -> Path:
     return path
 
 
-def finished(curve: Path, args: argparse.Namespace, cpu_minutes: float) -> dict | None:
-    """The result in ``curve`` (a curve.json) if it was made for this budget, hold-out and evaluations and has its
-    random-network scores; None if it must be (re)made."""
+def finished(curve: Path, args: argparse.Namespace, cpu_minutes: float | None, steps: int | None = None) -> dict | None:
+    """The result in ``curve`` (a curve.json) if it was made for this budget (or, given ``steps``, this length),
+    hold-out and evaluations and has its random-network scores; None if it must be (re)made."""
     if not curve.is_file():
         return None
     result = json.loads(curve.read_text())
     wanted = {"cpu_minutes_budget": cpu_minutes, "holdout": args.holdout, "evals": args.evals}
+    if steps is not None:
+        wanted["steps"] = steps
     return result if all(result.get(k) == v for k, v in wanted.items()) and "random" in result else None
 
 
@@ -143,48 +146,52 @@ def run_method(method: str, args: argparse.Namespace, data_overrides: list[str])
 
 
 def run_staged(method: str, stages: list, args: argparse.Namespace, data_overrides: list[str]) -> dict:
-    """A staged preset within the budget: each later stage is calibrated (its CPU-s per step times the steps the
-    preset gives it); the first stage is its method's own preset sized to what is left, its snapshots evaluated like
-    any method's; the later stages then continue it. The curve is the first stage's, then the staged run's end."""
+    """A staged preset within the budget, in the preset's proportions: every stage is calibrated (its CPU-s per step
+    on this machine), the lengths the preset gives them are priced, and all are scaled by one factor so that the whole
+    costs the budget. The first stage is its method's own preset trained for its scaled steps, its snapshots
+    evaluated like any method's; the later stages then continue it. The curve is the first stage's, then the staged
+    run's end."""
     out = Path(args.out) / method
-    measured_file = out / "later_stages.json"  # the calibrations, kept: a resumed suite sizes the first stage as before
+    measured_file = out / "stages.json"  # the calibrations, kept: a resumed suite sizes the stages as before
     measured = json.loads(measured_file.read_text()) if measured_file.is_file() else {}
-    later = {}
-    for stage in stages[1:]:
+    for stage in stages:
         if stage.name not in measured:
             per_step, per_epoch = calibrate(stage.cfg, out / f"calibration_{stage.name}", args.calibration_steps)
             measured[stage.name] = {"cpu_s_per_step": round(per_step, 4), "steps_per_epoch": per_epoch}
             out.mkdir(parents=True, exist_ok=True)
             measured_file.write_text(json.dumps(measured, indent=2))
-        per_step = measured[stage.name]["cpu_s_per_step"]
-        steps = run_steps(stage.cfg.trainer, measured[stage.name]["steps_per_epoch"])  # the length the config gives now
-        later[stage.name] = {"steps": steps, "cpu_s_per_step": per_step, "cpu_min": round(steps * per_step / 60, 3)}
-    later_minutes = sum(s["cpu_min"] for s in later.values())
-    first_budget = args.cpu_minutes - later_minutes
-    if first_budget <= 0:
-        raise SystemExit(f"error: {method}'s later stages ({', '.join(later)}) need {later_minutes:.1f} of the "
-                         f"{args.cpu_minutes:g} CPU-minutes on this machine; raise --cpu-minutes or shorten them, e.g. "
-                         f"stages.{stages[-1].name}.trainer.epochs=0.5")
+    preset_steps = {s.name: run_steps(s.cfg.trainer, measured[s.name]["steps_per_epoch"]) for s in stages}
+    preset_cost = sum(preset_steps[n] * measured[n]["cpu_s_per_step"] for n in preset_steps) / 60
+    scale = args.cpu_minutes / preset_cost
+    sizes = {}
+    for name, steps in preset_steps.items():
+        scaled = max(1, round(steps * scale))
+        per_step = measured[name]["cpu_s_per_step"]
+        sizes[name] = {"preset_steps": steps, "steps": scaled, "cpu_s_per_step": per_step,
+                       "cpu_min": round(scaled * per_step / 60, 3)}
     base = stages[0].cfg.method["name"]
-    first = out / "first"
-    result = finished(first / "curve.json", args, first_budget)
+    first, first_steps = out / "first", sizes[stages[0].name]["steps"]
+    result = finished(first / "curve.json", args, None, steps=first_steps)
     if result is None:
-        result = budget_curve(str(preset(base)), without_stage_overrides(data_overrides), first_budget, first,
-                              args.points, args.evals, args.calibration_steps, args.holdout, with_raw=False,
+        result = budget_curve(str(preset(base)), without_stage_overrides(data_overrides), None, first, args.points,
+                              args.evals, args.calibration_steps, args.holdout, steps=first_steps, with_raw=False,
                               with_random=True)
     run = out / "run"
     stage_one = run / "stages" / f"1_{stages[0].name}"
     if not (stage_one / "backbone.json").is_file():
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(first / "run", stage_one, ignore=shutil.ignore_patterns("snapshots"))
-    pretrain(load_config(preset(method), [*data_overrides, f"trainer.out={run}", "trainer.export_every_steps=0"]))
+    lengths = [f"stages.{name}.trainer.max_steps={size['steps']}" for name, size in sizes.items()]
+    pretrain(load_config(preset(method), [*data_overrides, *lengths, f"trainer.out={run}",
+                                          "trainer.export_every_steps=0"]))
     meta = json.loads((run / "backbone.json").read_text())
     cfg = run_config(run, [f"eval.holdout={args.holdout}"])
     end = {"step": sum(s["steps"] for s in meta["stages"]), "cpu_min": round(meta["cpu_time_s"] / 60, 3),
            "wall_min": round(meta["train_time_s"] / 60, 3),
            **evaluate_run(run, cfg, args.evals.split(","), progress=False)}
-    return {"config": str(preset(method)), "first_stage": {"method": base, "cpu_minutes_budget": first_budget},
-            "later_stages": later, "stages": meta["stages"], "steps": end["step"], "curve": [*result["curve"], end],
+    return {"config": str(preset(method)), "first_stage": {"method": base, "steps": first_steps},
+            "scale": round(scale, 4), "stage_sizes": sizes, "stages": meta["stages"], "steps": end["step"],
+            "curve": [*result["curve"], end],
             "random": result["random"]}  # the first stage's architecture
 
 
