@@ -237,7 +237,7 @@ def plot_suite(suite: dict, path: Path) -> None:
     for ax, key in zip(axes[0], metrics):
         for i, (method, r) in enumerate(suite["methods"].items()):  # 11 presets: the 10 colours come round again
             ax.plot([p["cpu_min"] for p in r["curve"]], [p[key] for p in r["curve"]], color=f"C{i % 10}",
-                    linestyle="-" if i < 10 else "--", marker="os^Dv"[i % 5], label=method)
+                    linestyle="-" if i < 10 else "--", marker="os^DvP*Xh<>p"[i % 12], label=method)
         ax.axhline(suite["raw"][key], color="gray", linestyle="--", label="raw pixels")
         ax.set_xlabel("training CPU-minutes")
         ax.set_ylabel(f"{dict(COLUMNS)[key]} accuracy (%), held-out {suite['holdout']}")
