@@ -34,7 +34,7 @@ from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, S
 from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.queue import FeatureQueue, check_queue_batch
+from selfsup.train.queue import FeatureQueue, check_queue_batch, check_queue_dataset
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
@@ -74,12 +74,7 @@ class ExtreMAConfig:
         check_queue_batch(self.queue_size, global_batch)
 
     def check_dataset(self, num_images: int, global_batch: int) -> None:
-        """A queue as long as an epoch holds every image's own earlier key among its negatives."""
-        if self.queue_size >= num_images:
-            fit = max(global_batch, (num_images // 10) // global_batch * global_batch)
-            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} >= the {num_images} training images: "
-                              f"each image's own earlier key would be one of its negatives; use e.g. "
-                              f"method.queue_size={fit} (a multiple of trainer.batch_size well below the dataset size)")
+        check_queue_dataset(self.queue_size, num_images, global_batch, "one of its own negatives")
 
 
 class ExtreMA(nn.Module):

@@ -28,7 +28,7 @@ from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
-from selfsup.train.queue import FeatureQueue, check_queue_batch
+from selfsup.train.queue import FeatureQueue, check_queue_batch, check_queue_dataset
 
 
 @dataclass
@@ -56,18 +56,8 @@ class NNCLRConfig:
         check_queue_batch(self.queue_size, global_batch)
 
     def check_dataset(self, num_images: int, global_batch: int) -> None:
-        """Refuse a queue that holds a whole epoch: every image's own embedding from its last visit would be in the
-        support set, a self-positive (the authors exclude a sample's own id from the lookup; we have no ids).
-
-        Residual risk below the bound: an image drawn near the end of one epoch and near the start of the next is
-        still in the queue when it comes back, so some lookups can find its own earlier view; the fraction grows
-        as ``queue_size`` approaches the number of images (keep it a small fraction of the dataset)."""
-        if self.queue_size >= num_images:
-            fit = max(global_batch, (num_images // 4) // global_batch * global_batch)
-            raise ConfigError(f"bad value for method.queue_size: {self.queue_size} >= the {num_images} training images: "
-                              f"the queue would hold each image's own earlier embedding, its nearest neighbour "
-                              f"(a self-positive); use method.queue_size={fit} (a multiple of trainer.batch_size "
-                              f"well below the dataset size) or more images")
+        check_queue_dataset(self.queue_size, num_images, global_batch,  # the authors exclude a sample's own id
+                            "its nearest neighbour (a self-positive)")
 
 
 class NNCLR(nn.Module):

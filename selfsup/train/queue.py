@@ -18,6 +18,19 @@ def check_queue_batch(queue_size: int, global_batch: int) -> None:
                           f"{global_batch}; use e.g. {max(1, queue_size // global_batch) * global_batch}")
 
 
+def check_queue_dataset(queue_size: int, num_images: int, global_batch: int, hazard: str) -> None:
+    """Refuse a queue (``method.queue_size``) that holds a whole epoch: it would hold each image's own embedding from
+    its last visit, which ``hazard`` names for the method (its nearest neighbour, or one of its negatives). Below the
+    bound, an image drawn near the end of one epoch and near the start of the next can still meet its own earlier
+    embedding; the chance grows as the queue nears the dataset's size, so keep it a small fraction of it."""
+    if queue_size >= num_images:
+        fit = max(global_batch, (num_images // 4) // global_batch * global_batch)
+        raise ConfigError(f"bad value for method.queue_size: {queue_size} >= the {num_images} training images: "
+                          f"the queue would hold each image's own earlier embedding, {hazard}; use "
+                          f"method.queue_size={fit} (a multiple of trainer.batch_size well below the dataset size) "
+                          f"or more images")
+
+
 class FeatureQueue(nn.Module):
     """``size`` unit vectors of width ``dim`` (buffers, so checkpoints and stages carry them), oldest overwritten first.
 

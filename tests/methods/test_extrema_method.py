@@ -307,7 +307,7 @@ def test_key_queue_options_fail_clearly() -> None:
     _, cfg = method_config({"name": "extrema", "loss": "infonce", "queue_size": 1000})
     with pytest.raises(ConfigError, match="not a multiple of the global batch 128; use e.g. 896"):
         cfg.check_batch(128)
-    with pytest.raises(ConfigError, match="own earlier key"):
+    with pytest.raises(ConfigError, match="own earlier embedding, one of its own negatives"):
         check_dataset({"name": "extrema", "loss": "infonce", "queue_size": 1024}, 1000, 128)
     assert _method().queue is None  # the paper: the batch's keys only
 

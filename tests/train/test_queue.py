@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ddp_utils import run_ddp
+from selfsup.config import ConfigError
+from selfsup.methods import check_dataset
 from selfsup.train.queue import FeatureQueue
 
 
@@ -23,6 +27,18 @@ def test_push_overwrites_the_oldest_rows_in_order_and_cycles() -> None:
     assert torch.allclose(queue.features[:4], batches[3]) and torch.allclose(queue.features[4:8], batches[1])
     with pytest.raises(ValueError, match="multiple of the global batch 5"):
         queue.push(torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("spec, hazard", [({"name": "nnclr"}, "its nearest neighbour (a self-positive)"),
+                                          ({"name": "extrema", "loss": "infonce"}, "one of its own negatives")])
+def test_a_queue_that_holds_an_epoch_is_refused_with_a_size_that_fits(spec, hazard) -> None:
+    """Every method with a queue refuses one as large as its training split (the bound itself included), and suggests
+    a fitting size: a quarter of the 1,024 images rounded down to a multiple of the batch of 64 (256)."""
+    spec = {**spec, "queue_size": 1024}
+    with pytest.raises(ConfigError, match=rf"method.queue_size: 1024 >= the 1024 training images: .*{re.escape(hazard)}; "
+                                          r"use method.queue_size=256 "):
+        check_dataset(spec, 1024, 64)
+    check_dataset(spec, 1025, 64)  # one image more than the queue holds: accepted
 
 
 def test_top1_is_the_nearest_neighbour_and_topk_draws_uniformly_among_the_k_nearest() -> None:
