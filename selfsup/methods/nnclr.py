@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from selfsup.config import ConfigError, Momentum, PositiveInt, Range, Temperature, Widths, check_fields
+from selfsup.config import Momentum, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.losses.infonce import info_nce_loss
 from selfsup.methods.base import StepOutput, check_num_views, check_values
 from selfsup.models.heads import mlp
