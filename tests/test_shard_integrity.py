@@ -15,18 +15,10 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from selfsup.cli import main
+from tiny_vicreg import TINY_VICREG_8PX
 
-CONFIG = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: shards, image_size: 8, channels: 1, stream: false}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1], width: 8, small_stem: true}
-trainer: {max_steps: 0, batch_size: 32, progress: false}
-monitor: {knn_every_steps: 0}
-"""
+CONFIG = TINY_VICREG_8PX.replace("data: {dataset: digits, image_size: 8}",
+                                 "data: {dataset: shards, image_size: 8, channels: 1, stream: false}")
 
 
 @pytest.fixture(scope="module")

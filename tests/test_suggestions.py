@@ -9,20 +9,11 @@ from pathlib import Path
 from selfsup.cli import main
 from selfsup.config import load_config
 from selfsup.launch import validate
+from tiny_vicreg import TINY_VICREG_8PX
 
 REPO = Path(__file__).resolve().parents[1]
 
-CONFIG = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: digits, image_size: 8}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1], width: 8, small_stem: true}
-trainer: {max_steps: 0, batch_size: 32, progress: false}
-monitor: {knn_every_steps: 0}
-"""
+CONFIG = TINY_VICREG_8PX
 
 
 def error_line(capsys) -> str:

@@ -23,20 +23,9 @@ from selfsup.cli import main
 from selfsup.config import (Config, DataConfig, EvalConfig, ModelConfig, MonitorConfig, NonEmpty, OptimConfig, Range,
                             TrainerConfig, ViewConfig, load_config)
 from selfsup.methods import METHODS
+from tiny_vicreg import TINY_VICREG_8PX
 
-# A tiny run: digits at 8 px, a one-block ResNet of width 8 (a real pretrain of it takes a few seconds).
-CONFIG = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: digits, image_size: 8}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1], width: 8, small_stem: true}
-trainer: {max_steps: 0, batch_size: 32, progress: false}
-monitor: {knn_every_steps: 0}
-eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}
-"""
+CONFIG = TINY_VICREG_8PX + "eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}\n"
 
 SECTIONS = {"data": DataConfig, "views.0": ViewConfig, "model": ModelConfig, "optim": OptimConfig,
             "trainer": TrainerConfig, "monitor": MonitorConfig, "eval": EvalConfig}
