@@ -79,8 +79,14 @@ def without_stage_overrides(overrides: list[str]) -> list[str]:
 
 
 def fingerprint(cfg: Config) -> str:
-    """A preset as it resolves (its ``_base_`` chain and the command line's overrides), hashed."""
-    return hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A preset as it resolves (its ``_base_`` chain and the command line's overrides), hashed. A single-stage preset's
+    own length (``trainer.epochs``, ``trainer.max_steps``) is left out: the suite sets that length from the budget, so
+    a preset re-sized for direct runs keeps its finished suite runs. A staged preset's stage lengths are kept: the
+    suite prices them and keeps their proportions."""
+    fields = dataclasses.asdict(cfg)
+    if not cfg.stages:
+        fields["trainer"] = {k: v for k, v in fields["trainer"].items() if k not in ("epochs", "max_steps")}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def same_preset(result: dict, made: str) -> bool:

@@ -305,7 +305,8 @@ def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, mon
 
 
 def test_laptop_suite_retrains_a_method_whose_preset_changed(tmp_path: Path, capsys) -> None:
-    """A finished run is reused only for the preset it was trained from: another lr is retrained, the old run kept."""
+    """A finished run is reused only for the preset it was trained from: another lr is retrained, the old run kept;
+    another preset length is not retrained (the suite sizes the run itself)."""
     import laptop_suite
 
     data = tiny_image_folder(tmp_path / "cifar")
@@ -315,6 +316,9 @@ def test_laptop_suite_retrains_a_method_whose_preset_changed(tmp_path: Path, cap
             "model.params.stage_widths=[4,8,8,16]"]
     first = laptop_suite.main(argv)["methods"]["vicreg"]
     assert laptop_suite.main(argv)["methods"]["vicreg"] == first and "not retrained" in capsys.readouterr().err
+    # The preset's own length is not what the suite trains (it sizes the run to the budget): no retraining.
+    assert laptop_suite.main([*argv, "trainer.epochs=3"])["methods"]["vicreg"] == first
+    assert "not retrained" in capsys.readouterr().err
     second = laptop_suite.main([*argv, "optim.lr=0.2"])["methods"]["vicreg"]
     err = capsys.readouterr().err
     assert "changed since" in err and "not retrained" not in err
