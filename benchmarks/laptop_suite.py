@@ -11,10 +11,10 @@ architecture are evaluated the same way.
 
 Writes into ``--out``: ``<method>/curve.json`` per method (resumable: a method whose curve.json was made with the same
 budget, hold-out, evaluations and preset is not retrained; one trained from another version of its preset or other
-overrides is moved aside to ``<method>.replaced-<hash>`` and retrained), ``suite.json`` (every number, the CPU model,
-the command; the methods of ``--methods`` and every other preset already finished in ``--out`` for this budget, so a
-suite run one method at a time ends with one table), ``suite.md`` (the table) and ``suite.png`` (20-NN and linear
-accuracy against training CPU-minutes, a line per method, raw pixels dashed).
+overrides, its own length aside, is moved aside to ``<method>.replaced-<hash>`` and retrained), ``suite.json`` (every
+number, the CPU model, the command; the methods of ``--methods`` and every other preset already finished in ``--out``
+for this budget, so a suite run one method at a time ends with one table), ``suite.md`` (the table) and ``suite.png``
+(20-NN and linear accuracy against training CPU-minutes, a line per method, raw pixels dashed).
 Prints ``suite.json``'s content as its last stdout line.
 
 A staged preset (``stages:``, e.g. ``mae_ct.yaml``: MAE, then the CT head's initialisation, then contrastive tuning)
