@@ -33,11 +33,16 @@ quickstart: install data
 	$(VENV)/bin/selfsup pretrain configs/fashion_mnist/quickstart.yaml
 	$(VENV)/bin/selfsup eval all runs/quickstart --compare raw
 
+# Every core: pytest-xdist workers at one torch thread each; tests marked multiprocess (2 gloo ranks) run alone
+# (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q
+	@start=$$(date +%s); $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal; rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	@start=$$(date +%s); $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m slow; rc=$$?; \
+	echo "make test-slow: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # One worker: the machines are 2-core and shared. Config in pyproject.toml [tool.mutmut].
 # MUTANTS="selfsup.losses.*" restricts the run to matching mutant names.

@@ -21,7 +21,7 @@ from selfsup.config import Config
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
 from selfsup.methods.assemble import assemble_model
-from selfsup.launch import validate
+from selfsup.launch import torch_threads, validate
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.views import StepViews, build_view_groups, crop_specs, image_shape, normalization, views_maker
 
@@ -35,9 +35,12 @@ def _peak_memory_mib(device: torch.device) -> float:
 
 def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
     validate(cfg)
+    with torch_threads(cfg.trainer.num_threads):
+        return _bench(cfg, steps, warmup)
+
+
+def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
     t = cfg.trainer
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
     data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
                       progress=False)

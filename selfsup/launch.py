@@ -6,8 +6,10 @@ Here the engine (:mod:`selfsup.train`) is given what it builds through others: t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -76,6 +78,19 @@ def check_data_size(cfg: Config) -> None:
             check_dataset(c.method, split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
 
 
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` (``trainer.num_threads``; None leaves it) for the block, and put
+    back after it: a Python caller's process keeps its own setting."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     """Pretrain ``cfg.method`` and export the backbone into ``cfg.trainer.out``; resumes an existing run.
 
@@ -83,13 +98,16 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     resume even though ``optim.*`` settings differ from the run's (e.g. a lower lr after a divergence); each
     change is logged and appended to ``config_changes.log``.
     """
-    from lightning.fabric import Fabric
-
     validate(cfg)
     check_data_size(cfg)
+    with torch_threads(cfg.trainer.num_threads):
+        return _pretrain(cfg, allow_optim_change)
+
+
+def _pretrain(cfg: Config, allow_optim_change: bool) -> Path:
+    from lightning.fabric import Fabric
+
     t = cfg.trainer
-    if t.num_threads:
-        torch.set_num_threads(t.num_threads)
     accelerator = "cuda" if t.accelerator == "gpu" else t.accelerator
     fabric = Fabric(accelerator=accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
                     precision=t.precision)

@@ -334,7 +334,7 @@ def test_laptop_suite_fits_a_staged_preset_into_the_budget(tmp_path: Path, capsy
 
     data = tiny_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
-    budget = 0.3  # CPU-minutes
+    budget = 0.1  # CPU-minutes
     argv = ["--data", str(data), "--cpu-minutes", str(budget), "--methods", "mae_ct", "--out", str(out),
             "--points", "2", "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
             "model.params.depth=3", "model.params.embed_dim=32", "model.params.img_size=16",

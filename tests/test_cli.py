@@ -176,6 +176,7 @@ def test_embed_and_bench(tmp_path, capsys):
     assert b["precision"] == "32-true"
 
 
+@pytest.mark.multiprocess
 def test_two_process_ddp_run_on_cpu(tmp_path):
     """``trainer.devices=2`` on CPU: Fabric launches 2 gloo processes, each on half of the global batch."""
     run = tmp_path / "run"

@@ -185,6 +185,7 @@ def test_stage_config_errors_name_the_problem(tmp_path, config):
         pretrain(load_config(path, [f"trainer.out={tmp_path / 'r'}", "trainer.max_steps=1"]))
 
 
+@pytest.mark.multiprocess
 def test_a_staged_run_on_two_gloo_processes(config, tmp_path):
     """MAE, a frozen-encoder stage and a partly frozen one under DDP (frozen parameters and EMA copies are not
     DDP parameters; the queue is pushed from both processes)."""

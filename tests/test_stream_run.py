@@ -95,6 +95,7 @@ def test_eval_and_bench_stream_the_files(config, reference, capsys) -> None:
                                                             rel=0.02)
 
 
+@pytest.mark.multiprocess
 def test_two_process_streaming_run(config, tmp_path) -> None:
     """``trainer.devices=2``: Fabric's 2 gloo processes each stream their half of every batch with their own workers."""
     run = tmp_path / "run"

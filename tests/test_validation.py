@@ -221,10 +221,10 @@ def test_ranges_hold_for_configs_built_in_python() -> None:
     assert load_config(overrides=["optim.lr=1e-4"]).optim.lr == 1e-4
 
 
-@pytest.mark.parametrize("override, code", [("optim.lr=nan", 2), ("trainer.batch_size=4000", 2),
-                                             ("optim.lr=1e-9", 0)])
+@pytest.mark.parametrize("override, code", [("optim.lr=nan", 2), ("optim.lr=1e-9", 0)])
 def test_a_subprocess_sample_never_prints_a_traceback(workdir, tmp_path, override, code) -> None:
-    """A sample through a real process (no stubs): an accepted boundary value runs (0 steps), a bad one exits 2."""
+    """A sample through a real process (no stubs): an accepted boundary value runs (0 steps), a bad one exits 2.
+    (A bad value found only once the data is read, trainer.batch_size=4000, is checked in process below.)"""
     proc = subprocess.run([sys.executable, "-m", "selfsup.cli", "pretrain", str(workdir / "run.yaml"),
                            f"trainer.out={tmp_path / 'run'}", override], capture_output=True, text=True, timeout=300)
     assert "Traceback" not in proc.stderr and proc.returncode == code, proc.stderr

@@ -224,6 +224,7 @@ def _epoch_on_rank(rank: int, world_size: int, root: str) -> list[int]:
     return [i for batch in loader for i in batch.indices.tolist()]
 
 
+@pytest.mark.multiprocess
 def test_two_gloo_processes_cover_every_image_of_an_epoch_once(tmp_path: Path) -> None:
     root = make_folder(tmp_path)
     read = run_ddp(_epoch_on_rank, 2, str(root))

@@ -82,6 +82,7 @@ def _on_rank(rank: int, world: int, z_a, z_b, x_a, x_b, linear_state) -> dict:
     return out
 
 
+@pytest.mark.multiprocess
 def test_losses_match_single_process_in_two_gloo_processes() -> None:
     z_a, z_b, x_a, x_b, linear_state = _inputs()
     results = run_ddp(_on_rank, WORLD, z_a, z_b, x_a, x_b, linear_state)

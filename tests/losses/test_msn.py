@@ -237,6 +237,7 @@ def _msn_on_rank(rank: int, world: int, x_anchor, x_target, state) -> dict:
             "grads": {n: p.grad.clone() for n, p in head.named_parameters()}}
 
 
+@pytest.mark.multiprocess
 def test_msn_loss_in_two_gloo_processes_matches_one_process_on_the_whole_batch() -> None:
     x_anchor, x_target, state = _ddp_inputs()
     results = run_ddp(_msn_on_rank, WORLD, x_anchor, x_target, state)

@@ -346,6 +346,7 @@ def _ddp_rank(rank: int, world: int, x, t, state) -> dict:
     return out
 
 
+@pytest.mark.multiprocess
 def test_loss_gradient_in_two_gloo_processes_equals_the_single_process_one() -> None:
     x, t, state = _ddp_inputs()
     results = run_ddp(_ddp_rank, 2, x, t, state)

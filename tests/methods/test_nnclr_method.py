@@ -268,6 +268,7 @@ def _ddp_rank(rank: int, world: int, x, neighbours, state) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.multiprocess
 def test_infonce_with_gathered_predictions_in_two_gloo_processes_equals_one_process() -> None:
     x, neighbours, state = _ddp_inputs()
     results = run_ddp(_ddp_rank, 2, x, neighbours, state)

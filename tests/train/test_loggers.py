@@ -243,6 +243,7 @@ def metrics_csv_any(run: Path) -> dict[str, list[tuple[int, float]]]:
             for k in dict.fromkeys(k for r in rows for k in r) if k != "step"}
 
 
+@pytest.mark.multiprocess
 def test_under_ddp_only_the_main_process_logs(tmp_path, monkeypatch):
     """2 gloo processes: one TensorBoard event file and one MLflow run, holding metrics.csv's rows once."""
     if not {"tensorboard", "mlflow"} <= set(INSTALLED):

@@ -68,6 +68,7 @@ def _enqueue_rank(rank: int, world: int, z: torch.Tensor) -> torch.Tensor:
     return queue.features.clone()
 
 
+@pytest.mark.multiprocess
 def test_distributed_enqueue_writes_every_process_rows_in_rank_order() -> None:
     z = F.normalize(torch.randn(4, 3), dim=1)
     results = run_ddp(_enqueue_rank, 2, z)
