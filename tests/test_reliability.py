@@ -30,10 +30,10 @@ from test_cli import TINY
 # accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
 LONGER = """
 _base_: tiny.yaml
-trainer: {epochs: 10, checkpoint_every_steps: 20, accelerator: cpu}
+trainer: {epochs: 6, checkpoint_every_steps: 20, accelerator: cpu}
 monitor: {collapse_every_steps: 10}
 """
-TOTAL_STEPS = 10 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
+TOTAL_STEPS = 6 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
 
 # Installs an optimiser whose step pre-hook sends SIGINT to the process on its K-th call: the signal
 # arrives inside optimizer.step(), after the forward pass has updated BatchNorm's running statistics.
