@@ -39,23 +39,35 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     A crash at any point leaves either the old file or the new one, never a mix; a temporary left by
     a killed process is removed by :func:`remove_stale_temporaries`. Permissions follow the umask.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    os.close(fd)
+    atomic_write_all([(path, write)])
+
+
+def atomic_write_all(files: list[tuple[Path, Callable[[str], None]]]) -> None:
+    """:func:`atomic_write` for files that describe each other (an array and the list of its rows): every one is
+    written to its temporary and synced before the first is renamed, so a failed write (a full disk, a name that
+    cannot be encoded) leaves all of them as they were."""
+    temporaries: list[tuple[str, Path]] = []
     try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
+        for path, write in files:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
             os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+            temporaries.append((tmp, path))
+            write(tmp)
+            os.chmod(tmp, 0o666 & ~_umask())
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp, path in temporaries:
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp, _ in temporaries:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def _umask() -> int:

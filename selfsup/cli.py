@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,17 +84,30 @@ def print_table(result: dict[str, float], baselines: list[str]) -> None:
         print(f"{key:<28}" + "".join(f"{c:>12.2f}" if isinstance(c, float) else f"{'-':>12}" for c in cells))
 
 
+def check_writable(folder: Path) -> None:
+    """``folder`` exists (made if need be) and this process may create files in it; else a ConfigError naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the output folder {folder}: {err.strerror}; choose another path") from err
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"the output folder {folder} is not writable; choose another path or fix its permissions")
+
+
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
     from selfsup.api import Preprocess
-    from selfsup.checkpoint import load_backbone
+    from selfsup.checkpoint import atomic_write_all, load_backbone
     from selfsup.data.formats.folder import all_images
     from selfsup.data.stream import StreamedSplit, default_workers
     from selfsup.eval.features import extract_features
     from selfsup.eval.run import device_for
 
     backbone, meta = load_backbone(Path(args.run_dir))
+    out = Path(args.out)
+    out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
+    check_writable(out.parent)  # before the features are computed, not after
     folder = Path(args.images_dir)
     # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
     images = StreamedSplit(all_images(folder.expanduser()), meta["image_size"], meta["channels"],
@@ -105,15 +119,20 @@ def cmd_embed(args: argparse.Namespace) -> None:
     names = [images.source.name(i) for i in range(len(images))]
     kept = [n for n, ok in zip(names, images.readable.tolist()) if ok]
     unreadable = [n for n, ok in zip(names, images.readable.tolist()) if not ok]
-    out = Path(args.out)
-    out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
-    out.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out, feats.numpy())
     # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); unreadable files are not rows.
+    # A name that is not valid UTF-8 is written as its bytes (surrogateescape), so every listed name opens its file.
     files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
-    files.write_text("".join(name + "\n" for name in kept))
-    if unreadable:
-        skipped.write_text("".join(name + "\n" for name in unreadable))
+    listed = "".join(name + "\n" for name in kept).encode("utf-8", "surrogateescape")
+    not_listed = "".join(name + "\n" for name in unreadable).encode("utf-8", "surrogateescape")
+    def save_features(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy to the temporary's name
+            np.save(f, feats.numpy())
+
+    # All written before any is replaced: a failure leaves the previous output as it was.
+    atomic_write_all([(out, save_features), (files, lambda tmp: Path(tmp).write_bytes(listed)),
+                      *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if unreadable else [])])
+    if not unreadable and skipped.exists():
+        skipped.unlink()  # it listed the previous output's unreadable files
     else:
         skipped.unlink(missing_ok=True)
     print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
@@ -250,8 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         args.func(args)
-    except (ConfigError, CheckpointError, DataError, FileNotFoundError) as err:
+    except (ConfigError, CheckpointError, DataError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file-system fault: a missing or unwritable path, a full disk
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
         return 2
     except TrainingDiverged as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
@@ -262,6 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def os_error_line(err: OSError) -> str:
+    """An OSError as one line naming the path, if it has one (the library's own carry their message)."""
+    if not err.strerror:
+        return one_line(err)
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror} (errno {err.errno}); free space or choose another path, and run the command again"
 
 
 def one_line(err: Exception) -> str:

@@ -555,4 +555,8 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write ``cfg`` as YAML atomically: a crash or a full disk mid-write leaves the previous file whole."""
+    from selfsup.checkpoint import atomic_write
+
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))

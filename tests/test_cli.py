@@ -176,6 +176,59 @@ def test_embed_and_bench(tmp_path, capsys):
     assert b["precision"] == "32-true"
 
 
+def test_embed_lists_names_that_are_not_utf8_and_a_failed_embed_keeps_the_previous_output(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """Issue 50.2: a file name that is not valid UTF-8 was a UnicodeEncodeError after OUT.npy had been replaced and
+    OUT.files.txt emptied; an unwritable OUT was found only after every feature was computed."""
+    run = tmp_path / "run"
+    assert main(["pretrain", str(write_config(tmp_path)), f"trainer.out={run}", "trainer.max_steps=2"]) == 0
+    rng = np.random.default_rng(0)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder, count in zip(folders, (4, 2)):
+        folder.mkdir()
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    odd = os.fsdecode(b"caf\xe9.png")  # Latin-1 bytes: not valid UTF-8
+    Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(folders[1] / odd)
+    out, listing = tmp_path / "x.npy", tmp_path / "x.files.txt"
+    assert main(["embed", str(run), str(folders[0]), str(out), "--workers", "0"]) == 0
+    before = out.read_bytes(), listing.read_bytes()
+
+    # The disk full while the list is written (after the array): the previous array and list stay as they were.
+    real_write_bytes = Path.write_bytes
+
+    def disk_full_at_the_list(self, data):
+        if ".x.files.txt." in self.name:
+            raise OSError(28, "No space left on device")
+        return real_write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full_at_the_list)
+    capsys.readouterr()
+    assert main(["embed", str(run), str(folders[1]), str(out), "--workers", "0"]) == 2
+    assert "error: No space left on device (errno 28); free space" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert (out.read_bytes(), listing.read_bytes()) == before and len(before[1].splitlines()) == 4
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+    # The name that is not UTF-8 is listed as its bytes, and opens its file.
+    assert main(["embed", str(run), str(folders[1]), str(out), "--workers", "0"]) == 0
+    names = listing.read_bytes().splitlines()
+    assert np.load(out).shape[0] == len(names) == 3 and b"caf\xe9.png" in names
+    assert all((folders[1] / os.fsdecode(name)).is_file() for name in names)
+
+    # An output folder that cannot be made is refused before any feature is computed.
+    import selfsup.eval.features
+
+    def no_features(*args, **kwargs):
+        raise AssertionError("features computed before the output path was checked")
+
+    monkeypatch.setattr(selfsup.eval.features, "extract_features", no_features)
+    (tmp_path / "file").write_text("")
+    capsys.readouterr()
+    assert main(["embed", str(run), str(folders[0]), str(tmp_path / "file" / "x.npy")]) == 2
+    assert "cannot create the output folder" in capsys.readouterr().err
+
+
 @pytest.mark.multiprocess
 def test_two_process_ddp_run_on_cpu(tmp_path):
     """``trainer.devices=2`` on CPU: Fabric launches 2 gloo processes, each on half of the global batch."""

@@ -238,3 +238,23 @@ def test_laptop_presets_are_sized_to_their_runs():
         assert run_warnings(cfg, total, warmup_steps(cfg.optim, total, per_epoch)) == [], path.name
         horizon = cfg.method.get("momentum_horizon")
         assert horizon is None or horizon * total >= 10, path.name
+
+
+def test_config_yaml_is_written_atomically(tmp_path, monkeypatch) -> None:
+    """Issue 50.3: a disk that filled while config.yaml was rewritten left it cut short, and the next resume failed."""
+    from selfsup.config import save_config
+
+    path = tmp_path / "config.yaml"
+    save_config(load_config(), path)
+    before = path.read_bytes()
+    real_write_text = Path.write_text
+
+    def disk_fills(self, text, *args, **kwargs):
+        real_write_text(self, text[:100], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_fills)
+    with pytest.raises(OSError):
+        save_config(load_config(overrides=["optim.lr=0.5"]), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
