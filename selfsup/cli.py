@@ -124,6 +124,7 @@ def cmd_embed(args: argparse.Namespace) -> None:
     files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
     listed = "".join(name + "\n" for name in kept).encode("utf-8", "surrogateescape")
     not_listed = "".join(name + "\n" for name in unreadable).encode("utf-8", "surrogateescape")
+
     def save_features(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy to the temporary's name
             np.save(f, feats.numpy())
@@ -131,10 +132,8 @@ def cmd_embed(args: argparse.Namespace) -> None:
     # All written before any is replaced: a failure leaves the previous output as it was.
     atomic_write_all([(out, save_features), (files, lambda tmp: Path(tmp).write_bytes(listed)),
                       *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if unreadable else [])])
-    if not unreadable and skipped.exists():
-        skipped.unlink()  # it listed the previous output's unreadable files
-    else:
-        skipped.unlink(missing_ok=True)
+    if not unreadable:
+        skipped.unlink(missing_ok=True)  # it listed the previous output's unreadable files
     print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
                       "skipped": len(unreadable), **({"skipped_files": str(skipped)} if unreadable else {})}))
 

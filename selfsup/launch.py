@@ -24,6 +24,7 @@ from selfsup.methods.assemble import assemble_model
 from selfsup.models import BACKBONES
 from selfsup.train.loggers import check_loggers
 from selfsup.train.loop import Plugins, train
+from selfsup.train.run_dir import run_lock
 from selfsup.train.signals import TrainingInterrupted
 from selfsup.train.stages import train_stages
 
@@ -115,10 +116,11 @@ def _pretrain(cfg: Config, allow_optim_change: bool) -> Path:
     if fabric.global_rank == 0:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
-        if cfg.stages:
-            train_stages(fabric, cfg, PLUGINS, allow_optim_change)
-        else:
-            train(fabric, cfg, PLUGINS, allow_optim_change)
+        with run_lock(fabric, Path(t.out)):
+            if cfg.stages:
+                train_stages(fabric, cfg, PLUGINS, allow_optim_change)
+            else:
+                train(fabric, cfg, PLUGINS, allow_optim_change)
     except TrainingInterrupted:
         fabric.barrier()  # every process stops at the same step (reduced); none exits while another still saves
         raise

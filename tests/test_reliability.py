@@ -410,3 +410,28 @@ def test_rerunning_the_same_yaml_resumes_and_files_follow_the_umask(config, tmp_
     for name in ("checkpoints/last.pt", "backbone.safetensors", "backbone.json", "metrics.csv", "config.yaml",
                  "spectra.npz"):
         assert (run / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_one_run_per_directory_and_a_killed_run_leaves_no_stale_lock(config, tmp_path, capsys):
+    """Issue 50.4: two processes trained into one trainer.out side by side, each overwriting the other's files. The
+    second now stops before touching the directory, naming the first one's PID; once the first is killed (SIGKILL:
+    no clean-up of its own), the OS has released its lock and the run resumes."""
+    run = tmp_path / "run"
+    proc = cli(["pretrain", str(config), f"trainer.out={run}"])
+    wait_for(run / "checkpoints" / "last.pt", proc)
+    proc.send_signal(signal.SIGSTOP)  # paused, the lock held: whatever changes in the directory now is the second's
+    files = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    code, err = run_main(["pretrain", str(config), f"trainer.out={run}"], capsys)
+    assert code == 2 and f"{run} is in use by process {proc.pid}" in error_line(err), err
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()} == files
+    proc.kill()
+    proc.wait()
+    assert main(["pretrain", str(config), f"trainer.out={run}"]) == 0
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == TOTAL_STEPS
+
+
+def test_a_run_that_fails_before_writing_leaves_no_directory(config, tmp_path, capsys):
+    run = tmp_path / "new" / "run"
+    code, err = run_main(["pretrain", str(config), f"trainer.out={run}", "data.dataset=imagefolder",
+                          f"data.root={tmp_path / 'missing'}"], capsys)
+    assert code == 2 and not run.exists(), err

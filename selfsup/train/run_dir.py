@@ -11,9 +11,11 @@ a run falls back on when the latter fails; the failed checkpoint is moved to ``c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,52 @@ log = logging.getLogger("selfsup")
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                      "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
                      "eval", "data.num_workers", "data.allow_incomplete_shards"}
+
+
+# Held by the process that trains into the run directory (rank 0), for the whole run.
+LOCK = ".selfsup.lock"
+
+
+@contextlib.contextmanager
+def run_lock(fabric: Any, run_dir: Path) -> Iterator[None]:
+    """One run per directory: the main process holds an OS file lock (``flock``) on ``RUN_DIR/.selfsup.lock`` while
+    it trains, and writes its PID there. The OS releases the lock when the process ends, however it ends, so a killed
+    run leaves no stale lock. Finding it held, every process of the second run stops with a ConfigError naming the
+    holder's PID, before anything in the directory is touched. A directory this made and that holds nothing but the
+    lock at the end (the run failed before writing anything) is removed."""
+    import fcntl
+
+    handle, holder, made = None, 0, False
+    if fabric.global_rank == 0:
+        made = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / LOCK, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            text = handle.read().strip()
+            holder = int(text) if text.isdigit() else -1
+            handle.close()
+            handle = None
+        else:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+    holder = reduced(fabric, holder)  # every process learns it, and stops together
+    if holder:
+        who = f"process {holder}" if holder > 0 else "another process"
+        raise ConfigError(f"trainer.out: {run_dir} is in use by {who} (it holds {run_dir / LOCK}); wait for that run "
+                          f"to end (re-running this command then resumes it) or choose another trainer.out")
+    try:
+        yield
+    finally:
+        if handle is not None:
+            if made and [p.name for p in run_dir.iterdir()] == [LOCK]:
+                (run_dir / LOCK).unlink()
+                run_dir.rmdir()
+            handle.close()  # releases the lock
 
 
 def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path,
