@@ -4,6 +4,7 @@ and the image-folder paths of pretrain / eval / embed with gray images, loose fi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,17 @@ def test_pretrain_refuses_an_nnclr_queue_as_large_as_the_dataset(tmp_path, capsy
     with pytest.raises(ConfigError, match="method.queue_size: 2048 >= the 1500 training images"):
         pretrain(load_config(path, [f"trainer.out={tmp_path / 'run3'}"]))  # the engine's entry checks it too
     assert not (tmp_path / "run3").exists()
+
+
+@pytest.mark.parametrize("kind", ["knn", "linear", "lowshot", "cluster"])
+def test_one_class_evaluation_data_is_refused_not_scored_100(config, tmp_path, gray_folder, capsys, kind):
+    """Issue 50.8: data of one class made eval lowshot a traceback, and knn / linear / cluster report 100 %."""
+    run = tmp_path / "run"
+    args = ["data.dataset=imagefolder", f"data.root={gray_folder}", "data.channels=1"]
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=2", *args]) == 0
+    for split in ("train", "test"):
+        for other in ("0", "2"):
+            shutil.rmtree(gray_folder / split / other, ignore_errors=True)
+    capsys.readouterr()
+    assert main(["eval", kind, str(run), *args, "eval.lowshot_shots=[1]"]) == 2
+    assert "imagefolder/train holds images of 1 class only" in error_line(capsys)

@@ -435,3 +435,34 @@ def test_a_run_that_fails_before_writing_leaves_no_directory(config, tmp_path, c
     code, err = run_main(["pretrain", str(config), f"trainer.out={run}", "data.dataset=imagefolder",
                           f"data.root={tmp_path / 'missing'}"], capsys)
     assert code == 2 and not run.exists(), err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones included) and its bytes: what a refused command must leave as is."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_without_its_checkpoints_is_never_retrained_over(short_run, tmp_path, capsys):
+    """Issue 50.1: a finished run whose checkpoints/ were deleted to save space was retrained from scratch with exit
+    0, its backbone, metrics.csv and config.yaml replaced and its eval/*.json left describing another backbone."""
+    run = tmp_path / "run"
+    shutil.copytree(short_run, run)
+    assert main(["eval", "knn", str(run)]) == 0
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    code, err = run_main(["pretrain", str(run / "config.yaml"), f"trainer.out={run}", "trainer.max_steps=2"], capsys)
+    assert code == 2 and "holds a run's results (backbone.safetensors, eval) but no checkpoints/last.pt" in \
+        error_line(err), err
+    assert snapshot(run) == before
+
+
+def test_a_folder_of_the_users_own_files_is_refused_as_trainer_out(config, tmp_path, capsys):
+    """Issue 50.1: a trainer.out holding other files had its config.yaml and metrics.csv overwritten."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("my own config\n")
+    (folder / "holiday.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    before = snapshot(folder)
+    code, err = run_main(["pretrain", str(config), f"trainer.out={folder}", "trainer.max_steps=2"], capsys)
+    assert code == 2 and f"{folder} holds files that are not a selfsup run's (holiday.jpg)" in error_line(err), err
+    assert snapshot(folder) == before  # no lock file left behind either

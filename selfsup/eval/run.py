@@ -77,6 +77,12 @@ def labelled_splits(cfg: Config, image_size: int | None, channels: int | None,
         if data.labels is None:
             raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
                               f"(set data.train_split / data.eval_split)")
+        classes = torch.unique(data.labels)
+        if len(classes) < 2:
+            raise ConfigError(f"{d.dataset}/{split} holds images of {len(classes)} class only; kNN, linear, low-shot "
+                              f"and clustering accuracies need at least 2 classes (with one, every image is "
+                              f"'right': 100 % that says nothing); evaluate on labelled splits of several classes "
+                              f"(data.root, data.train_split / data.eval_split)")
         splits.append(data)
     return train_split, splits
 

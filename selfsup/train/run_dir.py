@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfsup.checkpoint import (CHECKPOINT, check_run_checkpoint, export_backbone, load_checkpoint,
+from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, check_run_checkpoint, export_backbone, load_checkpoint,
                                 remove_stale_temporaries, save_checkpoint)
 from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.train.loggers import ExperimentLoggers
@@ -43,18 +43,50 @@ RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.che
 
 # Held by the process that trains into the run directory (rank 0), for the whole run.
 LOCK = ".selfsup.lock"
+# What a run directory holds (see the README's "Run directory"): anything else is a user's own file.
+RUN_ENTRIES = {"config.yaml", "metrics.csv", "spectra.npz", "config_changes.log", "loggers.json", "backbone.safetensors",
+               "backbone.json", "report.html", "checkpoints", "plots", "snapshots", "stages", "eval", "export",
+               "tensorboard", "wandb", "mlruns", LOCK}
+# Results that only a run that trained (or was evaluated) leaves: without a checkpoint, retraining would replace them.
+RESULTS = ("backbone.safetensors", "eval", "export", "snapshots", "report.html")
+
+
+def unfit_run_dir(run_dir: Path) -> str | None:
+    """Why ``trainer.out`` may not be trained into, or None: it holds files that are not a run's (a user's own
+    folder), or a run's results without a checkpoint to resume (deleted to save space): training would overwrite
+    them. A new or empty folder, a resumable run, or one stopped before its first checkpoint (config.yaml,
+    metrics.csv, plots) is fit."""
+    if not run_dir.is_dir():
+        return None
+    names = {p.name for p in run_dir.iterdir() if not (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX))}
+    foreign = sorted(names - RUN_ENTRIES)
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        return (f"trainer.out: {run_dir} holds files that are not a selfsup run's ({listed}); nothing in it is "
+                f"overwritten: choose a new or empty folder for the run")
+    if (run_dir / CHECKPOINT).is_file() or any((run_dir / "stages").glob(f"*/{CHECKPOINT}")):
+        return None
+    results = [name for name in RESULTS if name in names]
+    if results:
+        return (f"trainer.out: {run_dir} holds a run's results ({', '.join(results)}) but no {CHECKPOINT} to resume "
+                f"from: training would replace them; choose another trainer.out, or move {run_dir} away to retrain")
+    return None
 
 
 @contextlib.contextmanager
 def run_lock(fabric: Any, run_dir: Path) -> Iterator[None]:
-    """One run per directory: the main process holds an OS file lock (``flock``) on ``RUN_DIR/.selfsup.lock`` while
+    """A directory fit to train into (:func:`unfit_run_dir`), and one run per directory: the main process holds an OS file lock (``flock``) on ``RUN_DIR/.selfsup.lock`` while
     it trains, and writes its PID there. The OS releases the lock when the process ends, however it ends, so a killed
     run leaves no stale lock. Finding it held, every process of the second run stops with a ConfigError naming the
     holder's PID, before anything in the directory is touched. A directory this made and that holds nothing but the
     lock at the end (the run failed before writing anything) is removed."""
     import fcntl
 
-    handle, holder, made = None, 0, False
+    handle, holder, made, problem = None, 0, False, None
+    if fabric.global_rank == 0:
+        problem = unfit_run_dir(run_dir)  # before the lock file is made: a refused folder is left as it was
+    if reduced(fabric, int(problem is not None)):
+        raise ConfigError(problem or f"trainer.out: {run_dir} is refused (the main process says why)")
     if fabric.global_rank == 0:
         made = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)

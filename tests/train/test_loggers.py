@@ -67,7 +67,7 @@ def run(tmp_path_factory) -> Path:
         patch.setattr(loop, "build_optimizer", interrupting)
         assert main(args) == 130
     ids = json.loads((run / "loggers.json").read_text()) if "wandb" in INSTALLED or "mlflow" in INSTALLED else {}
-    (run / "ids_after_10.json").write_text(json.dumps(ids))
+    (run.parent / "ids_after_10.json").write_text(json.dumps(ids))
     assert main(args) == 0
     return run
 
@@ -138,7 +138,7 @@ def test_mlflow_holds_metrics_csv_params_and_plots_in_one_run(run, monkeypatch):
     [experiment] = [e for e in client.search_experiments() if e.name == "selfsup"]
     [found] = client.search_runs([experiment.experiment_id])
     run_id = json.loads((run / "loggers.json").read_text())["mlflow"]
-    assert found.info.run_id == run_id == json.loads((run / "ids_after_10.json").read_text())["mlflow"]
+    assert found.info.run_id == run_id == json.loads((run.parent / "ids_after_10.json").read_text())["mlflow"]
     assert found.info.status == "FINISHED"
     expected = metrics_csv(run)
     logged = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
@@ -172,7 +172,7 @@ def wandb_records(path: Path):
 def test_wandb_offline_run_holds_metrics_csv_config_and_plots_under_one_run_id(run):
     pytest.importorskip("wandb")
     run_id = json.loads((run / "loggers.json").read_text())["wandb"]
-    assert json.loads((run / "ids_after_10.json").read_text())["wandb"] == run_id
+    assert json.loads((run.parent / "ids_after_10.json").read_text())["wandb"] == run_id
     files = sorted(glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb")))
     assert [Path(f).name for f in files] == [f"run-{run_id}.wandb"] * 2  # the run and its resume: one id
     logged: dict[str, list[tuple[int, float]]] = {}
