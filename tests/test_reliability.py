@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from selfsup.cli import main
@@ -466,3 +467,39 @@ def test_a_folder_of_the_users_own_files_is_refused_as_trainer_out(config, tmp_p
     code, err = run_main(["pretrain", str(config), f"trainer.out={folder}", "trainer.max_steps=2"], capsys)
     assert code == 2 and f"{folder} holds files that are not a selfsup run's (holiday.jpg)" in error_line(err), err
     assert snapshot(folder) == before  # no lock file left behind either
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_a_resume_on_changed_data_is_refused_and_moved_data_resumes(config, tmp_path, capsys, stream):
+    """Issue 50.5: replacing the images under the same data.root resumed with exit 0 (the epoch length silently
+    changed), while the same data moved to another path was refused. Now the content is checked (pixels in memory,
+    file names and sizes when streamed), not the path."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    root = tmp_path / "images"
+    for i in range(120):
+        path = root / "train" / str(digits.target[i] % 3) / f"{i:03d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((digits.images[i] * 255 / 16).astype("uint8"), mode="L").save(path)
+    data = ["data.dataset=imagefolder", f"data.root={root}", "data.channels=1", "data.image_size=8",
+            f"data.stream={stream}", "trainer.batch_size=32", "monitor.knn_every_steps=0"]
+    run = tmp_path / "run"
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=3", *data]) == 0
+    original = snapshot(root)
+
+    # Half the images replaced by others (the same names; other pixels, so other sizes as PNGs).
+    for name in sorted(original)[::2]:
+        i = int(Path(name).stem)
+        Image.fromarray((digits.images[i + 500] * 255 / 16).astype("uint8"), mode="L").save(root / name)
+    capsys.readouterr()
+    code, err = run_main(["pretrain", str(run)], capsys)
+    assert code == 2 and "was trained on other data than imagefolder" in error_line(err), err
+
+    # The original data, moved: the same content at another path resumes.
+    moved = tmp_path / "moved"
+    for name, content in original.items():
+        (moved / name).parent.mkdir(parents=True, exist_ok=True)
+        (moved / name).write_bytes(content)
+    code, err = run_main(["pretrain", str(run), f"data.root={moved}"], capsys)
+    assert code == 0, err

@@ -36,7 +36,8 @@ _MAX_DRAFT_REDUCTION = 8  # libjpeg scales by 1/2, 1/4, 1/8
 
 
 class ImageSource(Protocol):
-    """A split of encoded images: ``len``, ``labels`` (int64 (N,) or None), ``classes``, ``open(i)``, ``name(i)``.
+    """A split of encoded images: ``len``, ``labels`` (int64 (N,) or None), ``classes``, ``open(i)``, ``name(i)``,
+    ``size(i)`` (its bytes, for the data's fingerprint).
 
     Sources are pickled into DataLoader workers, so they hold numpy arrays, not Python lists of
     objects (a list of a million paths would be copied page by page into every worker).
@@ -51,6 +52,8 @@ class ImageSource(Protocol):
     def open(self, index: int) -> str | IO[bytes]: ...
 
     def name(self, index: int) -> str: ...
+
+    def size(self, index: int) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,12 @@ as the in-memory path does, in batches, unreadable ones left out and reported.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,6 +224,25 @@ class SubsetSource:
 
     def name(self, index: int) -> str:
         return self.source.name(int(self.rows[index]))
+
+    def size(self, index: int) -> int:
+        return self.source.size(int(self.rows[index]))
+
+
+def data_fingerprint(data: ImageData | StreamedSplit) -> dict[str, Any]:
+    """What a resumed run checks its training data against: the number of images and a SHA-256 of their content,
+    taken cheaply: the decoded pixels of an in-memory split; every file's name and size of a streamed one (a stat
+    each, no file read); the labels of either."""
+    digest = hashlib.sha256()
+    if isinstance(data, StreamedSplit):
+        source = data.source
+        for i in range(len(source)):
+            digest.update(f"{source.name(i)}\t{source.size(i)}\n".encode("utf-8", "surrogateescape"))
+    else:
+        digest.update(data.images.contiguous().numpy())
+    if data.labels is not None:
+        digest.update(data.labels.contiguous().numpy())
+    return {"images": len(data), "sha256": digest.hexdigest()}
 
 
 def split_size(d: DataConfig, split: str, fraction: float = 1.0) -> int:

@@ -61,6 +61,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     # Data: the pretraining split decoded into memory (uint8), or listed and streamed from its files.
     data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
                       progress=is_main)
+    run.check_data(data)  # a resumed run's checkpoint was trained on this data
     channels, image_size = image_shape(data)
     mean, std = normalization(data, cfg)
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))

@@ -28,6 +28,8 @@ from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
+from selfsup.data.imagedata import ImageData
+from selfsup.data.stream import StreamedSplit, data_fingerprint
 from selfsup.train.views import StepViews
 
 log = logging.getLogger("selfsup")
@@ -35,10 +37,11 @@ log = logging.getLogger("selfsup")
 # Keys (and whole sections) that may change when a run is resumed: they do not affect the computation. The
 # monitors only read the model (in eval mode, with their own RNG; each step reseeds the global one), evaluation and
 # the experiment loggers run outside training, and the others say when or where to write, or how fast to compute
-# (trainer.num_threads changes the order of float sums only).
+# (trainer.num_threads changes the order of float sums only). data.root may move: the data's content is checked
+# against the checkpoint's fingerprint instead (RunDir.check_data).
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                      "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
-                     "eval", "data.num_workers", "data.allow_incomplete_shards"}
+                     "eval", "data.num_workers", "data.allow_incomplete_shards", "data.root"}
 
 
 # Held by the process that trains into the run directory (rank 0), for the whole run.
@@ -201,6 +204,26 @@ class RunDir:
         # Streamed images replaced by earlier sessions of the run (counted once, on the main process).
         self.unreadable_before = int(self.state.get("unreadable_images", 0)) if self.state is not None else 0
         self.step_views: StepViews | None = None
+        self.data: dict[str, Any] | None = None
+
+    def check_data(self, data: ImageData | StreamedSplit) -> None:
+        """Fingerprint the training data (:func:`data_fingerprint`, on the main process) for the checkpoints, and
+        refuse to resume a run whose checkpoint was trained on other data (its images or labels changed under the
+        same ``data.root``): every process stops with a ConfigError. A checkpoint without a fingerprint (an older
+        version's) resumes as before."""
+        problem = None
+        if self.is_main:
+            self.data = data_fingerprint(data)
+            saved = self.state.get("data") if self.state is not None else None
+            if saved is not None and saved != self.data:
+                count = (f"{saved['images']} images then, {self.data['images']} now" if saved["images"] !=
+                         self.data["images"] else f"the same {saved['images']} images by count")
+                problem = (f"{self.checkpoint_path} was trained on other data than {self.cfg.data.dataset} at "
+                           f"data.root={self.cfg.data.root} holds now ({count}, their content differs); restore "
+                           f"that data to resume, or choose another trainer.out to train on this data")
+        if reduced(self.fabric, int(problem is not None)):
+            raise ConfigError(problem or f"{self.checkpoint_path} was trained on other data (the main process says "
+                              f"what changed)")
 
     def restore(self, method: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load the checkpoint's model and optimiser state (the optimiser's only if ``optim.name`` is unchanged)."""
@@ -296,7 +319,8 @@ class RunDir:
             save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
                                                    "optimizer": self.optimizer.state_dict(), "step": step,
                                                    **self.clock.state(), "config": to_dict(self.cfg),
-                                                   "health": self.health.state(), "unreadable_images": unreadable})
+                                                   "health": self.health.state(), "unreadable_images": unreadable,
+                                                   "data": self.data})
         self.saved_step = step
         self.flush_logs()
         self.fabric.barrier()

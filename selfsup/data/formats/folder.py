@@ -85,6 +85,10 @@ class FolderSource:
     def open(self, index: int) -> str:
         return os.path.join(self.root, self.name(index))
 
+    def size(self, index: int) -> int:
+        """The file's size in bytes (a stat, no read)."""
+        return os.stat(self.open(index)).st_size
+
 
 def folder_source(root: Path, reference: list[str] | None = None) -> FolderSource:
     """Scan one split: class folders give labels (indices into ``reference``, the training split's

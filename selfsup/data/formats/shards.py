@@ -119,6 +119,10 @@ class ShardSource:
     def name(self, index: int) -> str:
         return f"{self.shards[self._shard[index]]}:{os.fsdecode(self._member[index])}"
 
+    def size(self, index: int) -> int:
+        """The image's size in bytes, from the index."""
+        return int(self._size[index])
+
     def open(self, index: int) -> io.BytesIO:
         shard = int(self._shard[index])
         fd = self._handles.get(shard)
