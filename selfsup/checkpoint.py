@@ -12,8 +12,10 @@ Layout of a run directory::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -99,8 +101,17 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically: a crash mid-write leaves the previous checkpoint intact."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """Write ``state`` to ``path`` atomically: a crash mid-write leaves the previous checkpoint intact. A failed
+    write (torch's writer reports a full disk as a RuntimeError) is an OSError naming ``path`` and the free space."""
+    def write(tmp: str) -> None:
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as err:
+            free = shutil.disk_usage(Path(path).parent).free / 2**20
+            raise OSError(errno.EIO, f"could not be written ({' '.join(str(err).split())[:160]}; {free:.0f} MiB free "
+                          f"on its disk)", str(path)) from err
+
+    atomic_write(path, write)
 
 
 def load_checkpoint(path: Path, fix: str | None = None) -> dict[str, Any]:

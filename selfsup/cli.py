@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -285,12 +286,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# What to do about a file-system fault, by its errno.
+OS_ERROR_FIXES = {
+    errno.ENOSPC: "free space on that disk and run the command again (the files it had are kept)",
+    errno.EDQUOT: "free space within your quota and run the command again (the files it had are kept)",
+    errno.EIO: "check the disk and its free space, and run the command again (the files it had are kept)",
+    errno.EACCES: "make it writable or choose another path", errno.EPERM: "make it writable or choose another path",
+    errno.EROFS: "the file system is read-only: choose a path on a writable one",
+    errno.EEXIST: "a file stands where a folder is needed: choose another path",
+    errno.ENOTDIR: "a file stands where a folder is needed: choose another path",
+    errno.ENAMETOOLONG: "a name in the path is too long (255 bytes at most): choose a shorter one",
+}
+
+
 def os_error_line(err: OSError) -> str:
-    """An OSError as one line naming the path, if it has one (the library's own carry their message)."""
+    """An OSError as one line naming the path and the fix (the library's own carry their message)."""
     if not err.strerror:
         return one_line(err)
     where = f"{err.filename}: " if err.filename else ""
-    return f"{where}{err.strerror} (errno {err.errno}); free space or choose another path, and run the command again"
+    fix = OS_ERROR_FIXES.get(err.errno, "check the path and run the command again")
+    return f"{where}{err.strerror} (errno {err.errno}); {fix}"
 
 
 def one_line(err: Exception) -> str:

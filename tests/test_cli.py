@@ -205,7 +205,7 @@ def test_embed_lists_names_that_are_not_utf8_and_a_failed_embed_keeps_the_previo
     monkeypatch.setattr(Path, "write_bytes", disk_full_at_the_list)
     capsys.readouterr()
     assert main(["embed", str(run), str(folders[1]), str(out), "--workers", "0"]) == 2
-    assert "error: No space left on device (errno 28); free space" in capsys.readouterr().err
+    assert "error: No space left on device (errno 28); free space on that disk" in capsys.readouterr().err
     monkeypatch.undo()
     assert (out.read_bytes(), listing.read_bytes()) == before and len(before[1].splitlines()) == 4
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left

@@ -503,3 +503,40 @@ def test_a_resume_on_changed_data_is_refused_and_moved_data_resumes(config, tmp_
         (moved / name).write_bytes(content)
     code, err = run_main(["pretrain", str(run), f"data.root={moved}"], capsys)
     assert code == 0, err
+
+
+def test_a_full_disk_at_a_checkpoint_is_exit_2_keeping_the_checkpoint_before(config, tmp_path, capsys, monkeypatch):
+    """Issue 50.6: a disk that filled during a checkpoint was exit 1 with torch's `RuntimeError: [enforce fail at
+    inline_container.cc:672] ... unexpected pos`. Now: exit 2, one line naming the file, the last checkpoint intact."""
+    run = tmp_path / "run"
+    real_save, calls = torch.save, [0]
+
+    def disk_fills(obj, f, *args, **kwargs):  # as torch's zip writer fails on a full disk: part written, then raise
+        calls[0] += 1
+        if calls[0] < 2:
+            return real_save(obj, f, *args, **kwargs)
+        Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", disk_fills)
+    code, err = run_main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=12",
+                          "trainer.checkpoint_every_steps=4"], capsys)
+    monkeypatch.undo()
+    line = error_line(err)
+    assert code == 2 and line.startswith(f"error: {run / 'checkpoints' / 'last.pt'}: could not be written"), err
+    assert "MiB free on its disk" in line and "the files it had are kept" in line
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 4
+    assert not list(run.rglob("*.tmp"))
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=12",
+                 "trainer.checkpoint_every_steps=4"]) == 0
+
+
+@pytest.mark.parametrize("out, fix", [("file", "a file stands where a folder is needed"),
+                                      ("long", "a name in the path is too long")])
+def test_an_unusable_trainer_out_is_exit_2_naming_the_fix(config, tmp_path, capsys, out, fix):
+    """Issue 50.6: trainer.out that is a file, or with a component over 255 bytes, was a traceback."""
+    (tmp_path / "file").write_text("mine\n")
+    path = tmp_path / "file" if out == "file" else tmp_path / ("x" * 300) / "run"
+    code, err = run_main(["pretrain", str(config), f"trainer.out={path}", "trainer.max_steps=2"], capsys)
+    assert code == 2 and fix in error_line(err), err
+    assert (tmp_path / "file").read_text() == "mine\n"

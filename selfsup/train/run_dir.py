@@ -12,6 +12,7 @@ a run falls back on when the latter fails; the failed checkpoint is moved to ``c
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -314,13 +315,21 @@ class RunDir:
         if problem is not None:
             raise self.diverged(f"step {step} not checkpointed: {problem}", step)
         unreadable = self.unreadable_images()
+        failure: OSError | None = None
         if self.is_main:
             self.link_previous()
-            save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
-                                                   "optimizer": self.optimizer.state_dict(), "step": step,
-                                                   **self.clock.state(), "config": to_dict(self.cfg),
-                                                   "health": self.health.state(), "unreadable_images": unreadable,
-                                                   "data": self.data})
+            try:
+                save_checkpoint(self.checkpoint_path, {"model": self.method.state_dict(),
+                                                       "optimizer": self.optimizer.state_dict(), "step": step,
+                                                       **self.clock.state(), "config": to_dict(self.cfg),
+                                                       "health": self.health.state(), "unreadable_images": unreadable,
+                                                       "data": self.data})
+            except OSError as err:  # a full disk: the previous checkpoint is kept; every process stops
+                failure = err
+        if reduced(self.fabric, int(failure is not None)):
+            self.flush_logs()
+            raise failure or OSError(errno.EIO, "the main process could not write the checkpoint",
+                                     str(self.checkpoint_path))
         self.saved_step = step
         self.flush_logs()
         self.fabric.barrier()
