@@ -88,6 +88,11 @@ Width = Annotated[int, Range(ge=1, le=2**20)]  # a layer width or embedding size
 Widths = Annotated[list[Width], NonEmpty()]
 Momentum = Annotated[float, Range(ge=0, le=1, example="0.996")]
 Temperature = Annotated[float, Range(gt=0, example="0.1")]
+# A run's length: far beyond any real run (ImageNet, 800 epochs of 256: 4e6 steps), small enough that the per-step
+# schedules (float64, times optim.schedule_stretch) fit in memory. Evaluation's repeat counts are bounded likewise,
+# so that a typo (1e12) is refused instead of running for ever.
+MAX_STEPS = 10**7
+Repeats = Annotated[int, Range(ge=1, le=10_000)]
 
 
 @dataclass
@@ -150,7 +155,7 @@ class OptimConfig:
     weight_decay: NonNegative = 1e-6
     weight_decay_end: NonNegative | None = None  # cosine weight-decay schedule end value (MSN 0.04 -> 0.4)
     # lr and wd schedules computed over stretch x steps and cut (MSN code: 1.25)
-    schedule_stretch: Annotated[float, Range(ge=1, example="1.25 (MSN's code)")] = 1.0
+    schedule_stretch: Annotated[float, Range(ge=1, le=4, example="1.25 (MSN's code)")] = 1.0
     betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
     momentum: Probability = 0.9  # SGD and LARS
     lars_eta: Positive = 0.02
@@ -167,13 +172,17 @@ class OptimConfig:
         if self.warmup_fraction is not None and self.warmup_epochs:
             raise ConfigError("optim.warmup_fraction and optim.warmup_epochs are both set; keep one of them "
                               "(warmup_epochs=0 to use the fraction)")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"bad value for optim.min_lr: {self.min_lr}; the cosine ends at min_lr, so it must not "
+                              f"exceed optim.lr ({self.lr}); use e.g. optim.min_lr=0")
 
 
 @dataclass
 class TrainerConfig:
     out: Annotated[str, NonEmpty(example="runs/my_run")] = "runs/default"  # '' would write the run into the cwd
-    epochs: NonNegative = 10.0
-    max_steps: NonNegativeInt | None = None  # overrides epochs when set; 0 exports the initial backbone
+    epochs: Annotated[float, Range(ge=0, le=100_000)] = 10.0
+    # overrides epochs when set; 0 exports the initial backbone
+    max_steps: Annotated[int, Range(ge=0, le=MAX_STEPS)] | None = None
     # global batch (images); each process gets batch_size / world_size
     batch_size: Annotated[int, Range(ge=2, example="256")] = 256
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
@@ -218,7 +227,7 @@ class EvalConfig:
     batch_size: PositiveInt = 512
     knn_k: PositiveInt = 20
     knn_temperature: Temperature = 0.07
-    linear_epochs: PositiveInt = 30
+    linear_epochs: Repeats = 30
     linear_lrs: Annotated[list[Positive], NonEmpty()] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
     linear_weight_decays: Annotated[list[NonNegative], NonEmpty()] = field(default_factory=lambda: [0.0, 1e-4])
     # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).
@@ -226,14 +235,14 @@ class EvalConfig:
     linear_label_smoothing: Annotated[float, Range(ge=0, lt=1)] = 0.0  # Ghosh et al. 2024's probe: 0.1
     lowshot_shots: list[PositiveInt] = field(default_factory=lambda: [1, 2, 5, 10])
     lowshot_percents: list[Annotated[float, Range(gt=0, le=100, example="1.0 (1 %)")]] = field(default_factory=lambda: [1.0])
-    lowshot_splits: PositiveInt = 3
-    cluster_n_init: PositiveInt = 3
+    lowshot_splits: Annotated[int, Range(ge=1, le=100)] = 3
+    cluster_n_init: Annotated[int, Range(ge=1, le=1000)] = 3
     # Fine-tuning (selfsup eval finetune): AdamW, warm-up (a fraction of the steps) + cosine, layer-wise lr decay,
     # label smoothing, drop path (ViTs), the run's views.0 augmentation; on all the labels, a fraction of each class
     # (MAE / ExtreMA: 0.01, 0.1) or a number per class.
-    finetune_epochs: PositiveInt = 10
+    finetune_epochs: Repeats = 10
     finetune_batch_size: PositiveInt = 128
-    finetune_lr: Positive = 1.0e-3
+    finetune_lr: Annotated[float, Range(gt=0, le=10, example="0.001")] = 1.0e-3
     finetune_layer_decay: Annotated[float, Range(gt=0, le=1, example="0.65")] = 0.65
     finetune_weight_decay: NonNegative = 0.05
     finetune_warmup: Annotated[float, Range(ge=0, lt=1)] = 0.1

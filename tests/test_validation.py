@@ -237,3 +237,33 @@ def test_too_few_views_for_the_method_are_refused_on_load(workdir, tmp_path) -> 
     code, err = cli(argv)
     assert_clean(code, err, argv)
     assert code == 2 and "method vicreg needs at least 2 views per image but the config makes 1" in err
+
+
+@pytest.mark.parametrize("override, named", [
+    (f"trainer.max_steps={10**12}", "trainer.max_steps: 1000000000000; use an integer in [0, 10000000]"),
+    ("trainer.epochs=1e12", "trainer.epochs: 1000000000000.0; use a number in [0, 100000]"),
+    ("optim.schedule_stretch=1e12", "optim.schedule_stretch: 1000000000000.0; use a number in [1, 4]"),
+    ("optim.min_lr=0.1", "optim.min_lr: 0.1; the cosine ends at min_lr, so it must not exceed optim.lr (0.001)"),
+    ("eval.finetune_lr=1e30", "eval.finetune_lr: 1e+30; use a number in (0, 10]"),
+    (f"eval.linear_epochs={10**12}", "eval.linear_epochs: 1000000000000; use an integer in [1, 10000]"),
+    (f"eval.lowshot_splits={10**12}", "eval.lowshot_splits: 1000000000000; use an integer in [1, 100]"),
+    (f"eval.cluster_n_init={10**12}", "eval.cluster_n_init: 1000000000000; use an integer in [1, 1000]"),
+])
+def test_sizes_that_would_run_for_ever_or_fill_memory_are_refused(workdir, tmp_path, override, named) -> None:
+    """Issue 50.7: these were accepted, then allocated terabytes of schedule (max_steps, schedule_stretch), raised
+    FloatingPointError (finetune_lr) or evaluated for ever (linear_epochs, lowshot_splits, cluster_n_init)."""
+    argv = (["eval", "all", str(workdir / "run"), override] if override.startswith("eval.") else
+            ["pretrain", str(workdir / "run.yaml"), f"trainer.out={tmp_path / 'run'}", override])
+    code, err = cli(argv)
+    assert_clean(code, err, argv)
+    assert code == 2 and f"error: bad value for {named}" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_of_more_steps_than_any_schedule_holds_is_refused() -> None:
+    from selfsup.config import ConfigError, TrainerConfig
+    from selfsup.train.schedules import run_steps
+
+    assert run_steps(TrainerConfig(epochs=10_000), 1000) == 10**7
+    with pytest.raises(ConfigError, match=r"trainer.epochs: 10001; 10001 epochs of 1000 steps are 1e\+07 steps"):
+        run_steps(TrainerConfig(epochs=10_001), 1000)

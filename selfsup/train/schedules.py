@@ -7,7 +7,7 @@ from functools import partial
 
 import numpy as np
 
-from selfsup.config import OptimConfig, TrainerConfig
+from selfsup.config import MAX_STEPS, ConfigError, OptimConfig, TrainerConfig
 
 
 def cosine_schedule(start: float, end: float, total_steps: int, warmup_steps: int = 0,
@@ -95,8 +95,14 @@ def augmentation_count_schedule(num_ops: int, total_steps: int, first_stage: flo
 
 
 def run_steps(t: TrainerConfig, steps_per_epoch: int) -> int:
-    """The run's length in steps: ``max_steps``, or ``epochs`` epochs (at least one step)."""
-    return t.max_steps if t.max_steps is not None else max(1, int(round(t.epochs * steps_per_epoch)))
+    """The run's length in steps: ``max_steps``, or ``epochs`` epochs (at least one step); at most MAX_STEPS."""
+    if t.max_steps is not None:
+        return t.max_steps
+    steps = max(1, int(round(t.epochs * steps_per_epoch)))
+    if steps > MAX_STEPS:
+        raise ConfigError(f"bad value for trainer.epochs: {t.epochs:g}; {t.epochs:g} epochs of {steps_per_epoch} "
+                          f"steps are {steps:.3g} steps, more than the {MAX_STEPS:g} a run may take; use fewer")
+    return steps
 
 
 def warmup_steps(o: OptimConfig, total_steps: int, steps_per_epoch: int) -> int:
