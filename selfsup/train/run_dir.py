@@ -26,11 +26,11 @@ from torch import nn
 from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, check_run_checkpoint, export_backbone, load_checkpoint,
                                 remove_stale_temporaries, save_checkpoint)
 from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
+from selfsup.data.imagedata import ImageData
+from selfsup.data.stream import StreamedSplit, data_fingerprint
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
-from selfsup.data.imagedata import ImageData
-from selfsup.data.stream import StreamedSplit, data_fingerprint
 from selfsup.train.views import StepViews
 
 log = logging.getLogger("selfsup")
@@ -48,9 +48,9 @@ RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.che
 # Held by the process that trains into the run directory (rank 0), for the whole run.
 LOCK = ".selfsup.lock"
 # What a run directory holds (see the README's "Run directory"): anything else is a user's own file.
-RUN_ENTRIES = {"config.yaml", "metrics.csv", "spectra.npz", "config_changes.log", "loggers.json", "backbone.safetensors",
-               "backbone.json", "report.html", "checkpoints", "plots", "snapshots", "stages", "eval", "export",
-               "tensorboard", "wandb", "mlruns", LOCK}
+RUN_ENTRIES = {"config.yaml", "metrics.csv", "spectra.npz", "config_changes.log", "loggers.json",
+               "backbone.safetensors", "backbone.json", "report.html", "checkpoints", "plots", "snapshots", "stages",
+               "eval", "export", "tensorboard", "wandb", "mlruns", LOCK}
 # Results that only a run that trained (or was evaluated) leaves: without a checkpoint, retraining would replace them.
 RESULTS = ("backbone.safetensors", "eval", "export", "snapshots", "report.html")
 
@@ -79,11 +79,12 @@ def unfit_run_dir(run_dir: Path) -> str | None:
 
 @contextlib.contextmanager
 def run_lock(fabric: Any, run_dir: Path) -> Iterator[None]:
-    """A directory fit to train into (:func:`unfit_run_dir`), and one run per directory: the main process holds an OS file lock (``flock``) on ``RUN_DIR/.selfsup.lock`` while
-    it trains, and writes its PID there. The OS releases the lock when the process ends, however it ends, so a killed
-    run leaves no stale lock. Finding it held, every process of the second run stops with a ConfigError naming the
-    holder's PID, before anything in the directory is touched. A directory this made and that holds nothing but the
-    lock at the end (the run failed before writing anything) is removed."""
+    """A directory fit to train into (:func:`unfit_run_dir`), and one run per directory: the main process holds an
+    OS file lock (``flock``) on ``RUN_DIR/.selfsup.lock`` while it trains, and writes its PID there. The OS releases
+    the lock when the process ends, however it ends, so a killed run leaves no stale lock. Finding it held, every
+    process of the second run stops with a ConfigError naming the holder's PID, before anything in the directory is
+    touched. A directory this made and that holds nothing but the lock at the end (the run failed before writing
+    anything) is removed."""
     import fcntl
 
     handle, holder, made, problem = None, 0, False, None
