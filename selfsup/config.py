@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -78,16 +80,23 @@ class NonEmpty:
 
 
 # The common ranges, by name. Fields with another range, or an example in the message, spell out their Range.
-PositiveInt = Annotated[int, Range(ge=1)]
-NonNegativeInt = Annotated[int, Range(ge=0)]
-Positive = Annotated[float, Range(gt=0)]
-NonNegative = Annotated[float, Range(ge=0)]
+# Every numeric field has both bounds: counts stop at 2**31 - 1, other magnitudes (rates, weights, decays) at 1e6, far
+# beyond any value that trains, so that a typo (1e300) is refused on load instead of diverging or allocating.
+MAX_COUNT = 2**31 - 1
+MAX_MAGNITUDE = 1e6
+PositiveInt = Annotated[int, Range(ge=1, le=MAX_COUNT)]
+NonNegativeInt = Annotated[int, Range(ge=0, le=MAX_COUNT)]
+Positive = Annotated[float, Range(gt=0, le=MAX_MAGNITUDE)]
+NonNegative = Annotated[float, Range(ge=0, le=MAX_MAGNITUDE)]
+Real = Annotated[float, Range(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 Probability = Annotated[float, Range(ge=0, le=1)]
 Seed = Annotated[int, Range(ge=0, le=2**31 - 1)]
 Width = Annotated[int, Range(ge=1, le=2**20)]  # a layer width or embedding size (sized for memory)
 Widths = Annotated[list[Width], NonEmpty()]
+ImageSide = Annotated[int, Range(ge=1, le=8192)]  # an image's or a view's side in pixels
+Depth = Annotated[int, Range(ge=1, le=1000)]  # blocks in a network or a stage, attention heads
 Momentum = Annotated[float, Range(ge=0, le=1, example="0.996")]
-Temperature = Annotated[float, Range(gt=0, example="0.1")]
+Temperature = Annotated[float, Range(gt=0, le=100, example="0.1")]
 # A run's length: far beyond any real run (ImageNet, 800 epochs of 256: 4e6 steps), small enough that the per-step
 # schedules (float64, times optim.schedule_stretch) fit in memory. Evaluation's repeat counts are bounded likewise,
 # so that a typo (1e12) is refused instead of running for ever.
@@ -101,11 +110,11 @@ class DataConfig:
     root: str | None = None
     train_split: str = "train"
     eval_split: str = "test"
-    image_size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None keeps the stored size
+    image_size: ImageSide | None = None  # None keeps the stored size
     channels: Literal[1, 3] | None = None  # None keeps the stored channels
     fraction: Annotated[float, Range(gt=0, le=1)] = 1.0  # seeded subset of the pretraining split
     fraction_seed: Seed = 0
-    mean: Annotated[list[float], NonEmpty()] | None = None  # per-channel normalisation; None = measured on the data
+    mean: Annotated[list[Real], NonEmpty()] | None = None  # per-channel normalisation; None = measured on the data
     std: Annotated[list[Positive], NonEmpty()] | None = None
     # Image folders and shards: decode them into memory (false), or stream them from the files with the crops
     # taken at full resolution in loader workers (true); auto streams when the decoded split would pass 4 GiB.
@@ -124,7 +133,7 @@ class ViewConfig:
 
     preset: str = "simclr"
     num: Annotated[int, Range(ge=1, le=256)] = 1
-    size: Annotated[int, Range(ge=1, le=8192)] | None = None  # None = data.image_size (or the stored size)
+    size: ImageSide | None = None  # None = data.image_size (or the stored size)
     params: dict[str, Any] = field(default_factory=dict)
     # The crop and flip drawn once per image and shared by the num views, which differ in colour only
     # (ExtreMA's "shared crop + colour", Wu et al. Sec. 5.1).
@@ -138,14 +147,14 @@ class ModelConfig:
     # Frozen part of the trained encoder: k = the stem and the first k ViT blocks (MAE-CT's contrastive tuning
     # freezes the lower half); all = every encoder parameter (MAE-CT's head initialisation). No gradients, no
     # optimiser state, frozen blocks in eval mode.
-    freeze: NonNegativeInt | Literal["all"] | None = None
+    freeze: Annotated[int, Range(ge=0, le=1000)] | Literal["all"] | None = None
 
 
 @dataclass
 class OptimConfig:
     name: Literal["adamw", "adam", "sgd", "lars"] = "adamw"
     # base learning rate, scaled by batch_size / 256 when lr_scaling == "linear"
-    lr: Annotated[float, Range(gt=0, example="0.001")] = 1e-3
+    lr: Annotated[float, Range(gt=0, le=MAX_MAGNITUDE, example="0.001")] = 1e-3
     lr_scaling: Literal["none", "linear"] = "none"
     min_lr: NonNegative = 0.0
     warmup_epochs: NonNegative = 0.0
@@ -184,7 +193,7 @@ class TrainerConfig:
     # overrides epochs when set; 0 exports the initial backbone
     max_steps: Annotated[int, Range(ge=0, le=MAX_STEPS)] | None = None
     # global batch (images); each process gets batch_size / world_size
-    batch_size: Annotated[int, Range(ge=2, example="256")] = 256
+    batch_size: Annotated[int, Range(ge=2, le=MAX_COUNT, example="256")] = 256
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
     devices: Annotated[int, Range(ge=1, le=1024)] = 1
     num_nodes: Annotated[int, Range(ge=1, le=65536)] = 1
@@ -286,11 +295,27 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 def check_fields(obj: Any, prefix: str) -> None:
     """Check each field of the flat config dataclass ``obj`` against its declared type and range, as
-    :func:`from_dict` does on load; call it from ``__post_init__`` so a config built in Python is checked too
-    (``MSNConfig(momentum=2)``)."""
+    :func:`from_dict` does on load, and store the coerced value (an int given for a float, a list for a tuple); call
+    it from ``__post_init__`` so a config built in Python is checked too (``MSNConfig(momentum=2)``)."""
     hints = _type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        _coerce(hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}")
+        object.__setattr__(obj, f.name, _coerce(hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}"))
+
+
+def check_arguments(fn: Callable[..., Any], kwargs: dict[str, Any], prefix: str) -> None:
+    """Check keyword arguments for ``fn`` (a class or a function) against its signature: each name must be one of its
+    parameters, each value its annotated type and range (``width: Annotated[int, Range(ge=1)]``), as config fields
+    are; so free-form constructor arguments (``model.params``) fail on load with the key and what it allows."""
+    signature = inspect.signature(fn)
+    try:
+        signature.bind_partial(**kwargs)
+    except TypeError as err:
+        names = [n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD]
+        raise ConfigError(f"{prefix.rstrip('.')}: {err}; allowed keys: {', '.join(names)}") from None
+    hints = typing.get_type_hints(fn.__init__ if isinstance(fn, type) else fn, include_extras=True)
+    for name, value in kwargs.items():
+        if name in hints:
+            _coerce(hints[name], value, f"{prefix}{name}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -483,6 +508,13 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise _BadValue(path, value, "use a list, e.g. [1, 2]", wrong_type=True)
         return [_coerce(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is tuple:  # tuple[float, float] (a fixed length) or tuple[float, ...]
+        if not isinstance(value, (list, tuple)) or (Ellipsis not in args and len(value) != len(args)):
+            kind = "a list of numbers, e.g. [0.5]" if Ellipsis in args else f"a list of {len(args)} numbers, e.g. " \
+                + str([round(0.5 * (i + 1), 1) for i in range(len(args))])
+            raise _BadValue(path, value, f"use {kind}", wrong_type=True)
+        kinds = [args[0]] * len(value) if Ellipsis in args else args
+        return tuple(_coerce(kind, v, f"{path}.{i}") for i, (kind, v) in enumerate(zip(kinds, value)))
     if origin is dict:
         if not isinstance(value, dict):
             raise _BadValue(path, value, "use a mapping, e.g. {key: value}", wrong_type=True)

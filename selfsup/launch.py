@@ -7,7 +7,6 @@ Here the engine (:mod:`selfsup.train`) is given what it builds through others: t
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from selfsup.data.stream import split_size
 from selfsup.eval.monitor import build_knn_monitor
 from selfsup.methods import check_dataset, method_config
 from selfsup.methods.assemble import assemble_model
-from selfsup.models import BACKBONES
+from selfsup.models import check_backbone_params
 from selfsup.train.loggers import check_loggers
 from selfsup.train.loop import Plugins, train
 from selfsup.train.run_dir import run_lock
@@ -53,19 +52,14 @@ def validate(cfg: Config) -> None:
     _, method_cfg = method_config(cfg.method)
     if hasattr(method_cfg, "check_batch"):
         method_cfg.check_batch(cfg.trainer.batch_size)
-    if cfg.model.backbone not in BACKBONES:
-        raise ConfigError(f"bad value for model.backbone: {cfg.model.backbone!r}; allowed values: {', '.join(BACKBONES)}")
-    try:
-        inspect.signature(BACKBONES[cfg.model.backbone]).bind_partial(**cfg.model.params)
-    except TypeError as err:
-        raise ConfigError(f"model.params: {err}; see the signature of selfsup.models.{cfg.model.backbone}") from err
+    check_backbone_params(cfg.model.backbone, cfg.model.params)
     if not cfg.views:
         raise ConfigError("views must list at least one view spec, each with num >= 1")
     for i, view in enumerate(cfg.views):
         try:
             augment_config(view.preset, view.size or 32, **view.params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"views.{i}: {err}") from err
+        except ConfigError as err:
+            raise ConfigError(f"views.{i}.params: {err}") from None
     if cfg.data.dataset not in DATASETS:
         raise ConfigError(f"bad value for data.dataset: {cfg.data.dataset!r}; allowed values: {', '.join(DATASETS)}")
     check_loggers(cfg.trainer.loggers)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import io
+import math
 import subprocess
 import sys
 import time
@@ -21,18 +23,32 @@ import selfsup.eval.run
 import selfsup.launch
 from selfsup.cli import main
 from selfsup.config import (Config, DataConfig, EvalConfig, ModelConfig, MonitorConfig, NonEmpty, OptimConfig, Range,
-                            TrainerConfig, ViewConfig, load_config)
+                            TrainerConfig, ViewConfig, load_config, parse_overrides)
+from selfsup.data.augment import AugmentConfig
 from selfsup.methods import METHODS
+from selfsup.models import ResNet, VisionTransformer
 from tiny_vicreg import TINY_VICREG_8PX
 
 CONFIG = TINY_VICREG_8PX + "eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}\n"
 
 SECTIONS = {"data": DataConfig, "views.0": ViewConfig, "model": ModelConfig, "optim": OptimConfig,
             "trainer": TrainerConfig, "monitor": MonitorConfig, "eval": EvalConfig}
-# Every key of every section, every method's section included (method.name=<m> picks the method).
+# A ViT run beside the ResNet one, for the ViT's constructor arguments (model.params.vit:<arg>).
+TINY_VIT = """
+method: {name: vicreg, expander: [32, 32]}
+data: {dataset: digits, image_size: 8}
+views: [{preset: minimal, num: 2}]
+model: {backbone: vit, params: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}}
+trainer: {max_steps: 0, batch_size: 32, progress: false}
+"""
+# Every key of every section, every method's section included (method.name=<m> picks the method), and the free-form
+# ones: each augmentation parameter (views.0.params.*) and each constructor argument of both backbones (model.params.*).
 KEYS = ([f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
         + [f"method.{name}:{f.name}" for name, cls in METHODS.items() for f in dataclasses.fields(cls.Config)]
-        + ["method.name"] + [f.name for f in dataclasses.fields(Config)])
+        + ["method.name"] + [f.name for f in dataclasses.fields(Config)]
+        + [f"views.0.params.{f.name}" for f in dataclasses.fields(AugmentConfig) if f.name != "size"]
+        + [f"model.params.{name}" for name in inspect.signature(ResNet).parameters]
+        + [f"model.params.vit:{name}" for name in inspect.signature(VisionTransformer).parameters])
 # Boundary and garbage values, as a user types them after key= (parsed as YAML).
 GARBAGE = ["0", "-1", "1", "2", "0.5", "-0.5", "1e-12", "1.0", ".nan", "nan", ".inf", "-.inf", "inf", "1e400",
            str(10**12), str(2**70), "1e300", "-1e300", "abc", "''", "[]", "[0]", "[-1]", "[1, 2]", "[.nan]", "[abc]",
@@ -46,27 +62,47 @@ def workdir(tmp_path_factory) -> Path:
     """The tiny config and a run directory of it (0 steps: the initial backbone exported)."""
     root = tmp_path_factory.mktemp("validation")
     (root / "run.yaml").write_text(CONFIG)
+    (root / "vit.yaml").write_text(TINY_VIT)
     assert main(["pretrain", str(root / "run.yaml"), f"trainer.out={root / 'run'}"]) == 0
     return root
 
 
 def cli(argv: list[str]) -> tuple[int, str]:
-    """``selfsup.cli.main`` in process: its exit code and stderr (an uncaught exception propagates: a traceback)."""
+    """``selfsup.cli.main`` in process: its exit code and stderr (an uncaught exception propagates: a traceback).
+    A call that takes over 30 s is a hang (issue 50's bar): the runs here are at most 2 steps of an 8-pixel model."""
     err = io.StringIO()
+    start = time.perf_counter()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             code = main(argv)
         except SystemExit as exit_:  # argparse
             code = exit_.code
+    assert time.perf_counter() - start < 30, (argv, "took over 30 s")
     return code, err.getvalue()
 
 
+def absurd(value: object) -> bool:
+    """A value no key may take: a number that is not finite or beyond every declared bound (2**31 - 1, 1e6), or a
+    list or mapping holding one."""
+    if isinstance(value, (list, tuple)):
+        return any(absurd(v) for v in value)
+    if isinstance(value, dict):
+        return any(absurd(v) for v in value.values())
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and not (math.isfinite(value) and abs(value) <= 2**31 - 1))
+
+
 def assert_clean(code: int, err: str, argv: list[str], diverged_ok: bool = False) -> None:
-    """Exit 0 with no error line, or 2 (1: training diverged, where allowed) with exactly one; never a traceback."""
+    """Exit 0 with no error line, or 2 (1: training diverged, where allowed) with exactly one; never a traceback. A
+    NaN, an infinity or a number beyond every bound is never accepted."""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert "Traceback" not in err, (argv, err)
     allowed = ((0, 0), (2, 1), (1, 1)) if diverged_ok else ((0, 0), (2, 1))
     assert (code, len(errors)) in allowed, (argv, code, err)
+    value = parse_overrides([argv[-1]])  # the drawn override, as the CLI parsed it
+    for part in argv[-1].partition("=")[0].split("."):
+        value = value[part]
+    assert not (code == 0 and absurd(value)), (argv, "accepted")
 
 
 @contextlib.contextmanager
@@ -81,8 +117,11 @@ def checks_only(monkeypatch_ctx):
 
 
 def argv_for(entry: str, key: str, value: str, workdir: Path) -> list[str]:
-    method = []
-    if ":" in key:  # method.<name>:<key>
+    method, config = [], workdir / "run.yaml"
+    if key.startswith("model.params.vit:"):  # a ViT's argument: a fresh ViT run
+        key, config, entry = f"model.params.{key.split(':')[1]}", workdir / "vit.yaml", "bench" if entry == "bench" \
+            else "pretrain"
+    elif ":" in key:  # method.<name>:<key>
         section_name, field_name = key.split(":")
         method, key = [f"method.name={section_name.split('.')[1]}"], f"method.{field_name}"
     override = [*method, f"{key}={value}"]
@@ -91,7 +130,7 @@ def argv_for(entry: str, key: str, value: str, workdir: Path) -> list[str]:
         return ["eval", "all", run, *override]
     if entry == "resume":
         return ["pretrain", run, *override]
-    return [entry, str(workdir / "run.yaml"), f"trainer.out={workdir / 'new'}", *override]
+    return [entry, str(config), f"trainer.out={workdir / 'new'}", *override]
 
 
 ENTRIES = ["pretrain", "resume", "bench", "eval"]
@@ -145,15 +184,15 @@ def test_every_key_with_every_boundary_value(workdir, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("override, named", [
-    ("optim.lr=0", "optim.lr: 0.0; use a number > 0"),
+    ("optim.lr=0", "optim.lr: 0.0; use a number in (0, 1000000], e.g. 0.001"),
     ("optim.lr=nan", "optim.lr: nan; use a finite number"),
     ("optim.lr=.inf", "optim.lr: inf; use a finite number"),
-    ("optim.lr=-1", "optim.lr: -1.0; use a number > 0"),
-    ("optim.weight_decay=-1", "optim.weight_decay: -1.0; use a number >= 0"),
-    ("optim.warmup_epochs=-1", "optim.warmup_epochs: -1.0; use a number >= 0"),
-    ("monitor.knn_k=0", "monitor.knn_k: 0; use an integer >= 1"),
-    ("monitor.knn_temperature=0", "monitor.knn_temperature: 0.0; use a number > 0"),
-    ("monitor.knn_train_size=0", "monitor.knn_train_size: 0; use an integer >= 1"),
+    ("optim.lr=-1", "optim.lr: -1.0; use a number in (0, 1000000]"),
+    ("optim.weight_decay=-1", "optim.weight_decay: -1.0; use a number in [0, 1000000]"),
+    ("optim.warmup_epochs=-1", "optim.warmup_epochs: -1.0; use a number in [0, 1000000]"),
+    ("monitor.knn_k=0", "monitor.knn_k: 0; use an integer in [1, 2147483647]"),
+    ("monitor.knn_temperature=0", "monitor.knn_temperature: 0.0; use a number in (0, 100]"),
+    ("monitor.knn_train_size=0", "monitor.knn_train_size: 0; use an integer in [1, 2147483647]"),
     ("method.expander=[0]", "method.expander.0: 0"),
     ("trainer.out=''", "trainer.out: ''; use a non-empty string, e.g. runs/my_run"),  # '' was the cwd
 ])
@@ -194,22 +233,34 @@ def test_eval_refuses_bad_values_before_any_work(workdir, monkeypatch, kind, ove
     assert code == 2 and f"error: bad value for {named}" in err
 
 
-def test_method_configs_declare_ranges_on_every_numeric_field() -> None:
-    """The mechanism covers the method sections too: a numeric field without a declared range is a field no check sees."""
+def test_every_numeric_field_and_argument_declares_both_bounds() -> None:
+    """The mechanism covers every section, the method sections, the augmentation parameters (views.*.params) and the
+    backbones' constructor arguments (model.params): a numeric field without a declared range is a field no check
+    sees, and one without an upper bound accepts 1e300 (issue 50.7)."""
     import typing
 
-    def has_rule(tp) -> bool:
+    from selfsup.data.augment import AugmentConfig
+    from selfsup.models import ResNet, VisionTransformer
+
+    def bounded(tp) -> bool:
         if typing.get_origin(tp) is typing.Annotated:
-            return any(isinstance(r, (Range, NonEmpty)) for r in typing.get_args(tp)[1:])
-        return any(has_rule(a) for a in typing.get_args(tp))
+            ranges = [r for r in typing.get_args(tp)[1:] if isinstance(r, Range)]
+            if typing.get_args(tp)[0] in (int, float):
+                return any((r.ge is not None or r.gt is not None) and (r.le is not None or r.lt is not None)
+                           for r in ranges)
+            return bounded(typing.get_args(tp)[0])
+        if tp in (int, float):
+            return False
+        return all(bounded(a) for a in typing.get_args(tp) if a is not type(None) and a is not Ellipsis
+                   and typing.get_origin(tp) is not typing.Literal)
 
-    def numeric(tp) -> bool:
-        return tp in (int, float) or any(numeric(a) for a in typing.get_args(tp))
-
-    classes = [*SECTIONS.values(), *(cls.Config for cls in METHODS.values())]
-    unranged = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
-                if numeric(tp := typing.get_type_hints(cls, include_extras=True)[f.name]) and not has_rule(tp)]
-    assert unranged == []
+    hints = {f"{cls.__name__}.{f.name}": typing.get_type_hints(cls, include_extras=True)[f.name]
+             for cls in [*SECTIONS.values(), AugmentConfig, *(c.Config for c in METHODS.values())]
+             for f in dataclasses.fields(cls)}
+    hints.update({f"{cls.__name__}({name})": tp for cls in (ResNet, VisionTransformer)
+                  for name, tp in typing.get_type_hints(cls.__init__, include_extras=True).items() if name != "return"})
+    assert len(hints) > 150
+    assert [name for name, tp in hints.items() if not bounded(tp)] == []
 
 
 def test_ranges_hold_for_configs_built_in_python() -> None:

@@ -25,11 +25,13 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from selfsup.config import ConfigError, ImageSide, Positive, Probability, Range, Real, check_arguments, check_fields
 
 __all__ = [
     "AugmentConfig",
@@ -48,21 +50,13 @@ _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision / PIL "L
 _CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop rejection-sampling attempts
 
 
-def _pair(name: str, value: Any) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"AugmentConfig.{name} must be a pair (low, high) of numbers, got {value!r}") from None
-    if lo > hi:
-        raise ValueError(f"AugmentConfig.{name} must have low <= high, got {value!r}")
-    return lo, hi
-
-
-def _probability(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"AugmentConfig.{name} is a probability and must lie in [0, 1], got {value}")
-    return value
+# The ranges each parameter allows, declared with its type and checked by selfsup.config's validator (as config
+# fields are). Jitter strengths stop at 10 (a factor of up to 11: every pixel saturates long before), blur sigmas at
+# 100 pixels.
+Fraction = Annotated[float, Range(gt=0, le=1)]
+Strength = Annotated[float, Range(ge=0, le=10, example="0.4")]
+Sigma = Annotated[float, Range(gt=0, le=100, example="0.1")]
+AspectRatio = Annotated[float, Range(gt=0, le=100, example="0.75")]
 
 
 @dataclass
@@ -75,60 +69,35 @@ class AugmentConfig:
     ``mean``/``std`` normalise the output per channel (None: no normalisation).
     """
 
-    size: int
-    crop_scale: tuple[float, float] = (0.08, 1.0)
-    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip_p: float = 0.5
-    jitter_p: float = 0.8
-    brightness: float = 0.4
-    contrast: float = 0.4
-    saturation: float = 0.2
-    hue: float = 0.1
-    grayscale_p: float = 0.2
-    blur_p: float = 0.0
-    blur_sigma: tuple[float, float] = (0.1, 2.0)
-    blur_kernel_frac: float = 0.1
-    solarize_p: float = 0.0
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    size: ImageSide
+    crop_scale: tuple[Fraction, Fraction] = (0.08, 1.0)
+    crop_ratio: tuple[AspectRatio, AspectRatio] = (3 / 4, 4 / 3)
+    hflip_p: Probability = 0.5
+    jitter_p: Probability = 0.8
+    brightness: Strength = 0.4
+    contrast: Strength = 0.4
+    saturation: Strength = 0.2
+    hue: Annotated[float, Range(ge=0, le=0.5, example="0.1 (turns)")] = 0.1
+    grayscale_p: Probability = 0.2
+    blur_p: Probability = 0.0
+    blur_sigma: tuple[Sigma, Sigma] = (0.1, 2.0)
+    blur_kernel_frac: Fraction = 0.1
+    solarize_p: Probability = 0.0
+    mean: tuple[Real, ...] | None = None
+    std: tuple[Positive, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"AugmentConfig.size must be a positive int (output side in pixels), got {self.size!r}")
-        self.crop_scale = _pair("crop_scale", self.crop_scale)
-        if not 0.0 < self.crop_scale[0] <= self.crop_scale[1] <= 1.0:
-            raise ValueError(f"AugmentConfig.crop_scale must satisfy 0 < low <= high <= 1, got {self.crop_scale}")
-        self.crop_ratio = _pair("crop_ratio", self.crop_ratio)
-        if self.crop_ratio[0] <= 0.0:
-            raise ValueError(f"AugmentConfig.crop_ratio must be positive (width / height), got {self.crop_ratio}")
-        for name in ("hflip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p"):
-            setattr(self, name, _probability(name, getattr(self, name)))
-        for name in ("brightness", "contrast", "saturation"):
-            value = float(getattr(self, name))
-            if value < 0.0:
-                raise ValueError(f"AugmentConfig.{name} must be >= 0 (0 disables it), got {value}")
-            setattr(self, name, value)
-        self.hue = float(self.hue)
-        if not 0.0 <= self.hue <= 0.5:
-            raise ValueError(f"AugmentConfig.hue is a shift in turns and must lie in [0, 0.5], got {self.hue}")
-        self.blur_sigma = _pair("blur_sigma", self.blur_sigma)
-        if self.blur_sigma[0] <= 0.0:
-            raise ValueError(f"AugmentConfig.blur_sigma must be positive, got {self.blur_sigma}")
-        self.blur_kernel_frac = float(self.blur_kernel_frac)
-        if self.blur_kernel_frac <= 0.0:
-            raise ValueError(f"AugmentConfig.blur_kernel_frac must be > 0, got {self.blur_kernel_frac}")
+        check_fields(self, "")
+        for name in ("crop_scale", "crop_ratio", "blur_sigma"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ConfigError(f"bad value for {name}: {[low, high]}; use [low, high] with low <= high")
         if (self.mean is None) != (self.std is None):
-            raise ValueError("AugmentConfig.mean and .std must be given together (or both None for no normalisation)")
-        if self.mean is not None and self.std is not None:
-            self.mean = tuple(float(m) for m in self.mean)
-            self.std = tuple(float(s) for s in self.std)
-            if len(self.mean) not in (1, 3) or len(self.mean) != len(self.std):
-                raise ValueError(
-                    f"AugmentConfig.mean/std need one value per channel (1 or 3, same length), "
-                    f"got mean={self.mean}, std={self.std}"
-                )
-            if min(self.std) <= 0.0:
-                raise ValueError(f"AugmentConfig.std must be positive, got {self.std}")
+            raise ConfigError("mean and std must be given together (or both null for no normalisation)")
+        if self.mean is not None and self.std is not None and (len(self.mean) not in (1, 3)
+                                                               or len(self.mean) != len(self.std)):
+            raise ConfigError(f"mean and std need one value per channel (1 or 3, the same number), got mean="
+                              f"{list(self.mean)}, std={list(self.std)}")
 
     @property
     def blur_kernel_size(self) -> int:
@@ -180,11 +149,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 def augment_config(preset: str, size: int, **overrides: Any) -> AugmentConfig:
     """Build an ``AugmentConfig`` from a named preset, then apply keyword overrides."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown augmentation preset {preset!r}; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown augmentation preset {preset!r}; choose one of {sorted(PRESETS)}")
     fields = [f.name for f in dataclasses.fields(AugmentConfig) if f.name != "size"]
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
-        raise ValueError(f"unknown augmentation override(s) {unknown}; allowed keys: {fields}")
+        raise ConfigError(f"unknown augmentation override(s) {unknown}; allowed keys: {fields}")
     return AugmentConfig(size=size, **{**PRESETS[preset], **overrides})
 
 
@@ -572,12 +541,12 @@ class LabelledAugment(_Pipeline):
     the patch side as a fraction of the image.
     """
 
-    def __init__(self, config: AugmentConfig, crop_p: float = 1.0, extra_p: float | None = None) -> None:
+    def __init__(self, config: AugmentConfig, crop_p: Probability = 1.0, extra_p: Probability | None = None) -> None:
         if config.solarize_p > 0:
             raise ValueError("solarize is not one of the MAST ops; set solarize_p=0 for LabelledAugment")
+        check_arguments(LabelledAugment, {"crop_p": crop_p, "extra_p": extra_p}, "")
         super().__init__(config)
-        self.crop_p = _probability("crop_p", crop_p)
-        self.extra_p = None if extra_p is None else _probability("extra_p", extra_p)
+        self.crop_p, self.extra_p = float(crop_p), None if extra_p is None else float(extra_p)
         self.ops = MAST_OPS if extra_p is None else MAST15_OPS
 
     def forward(self, x: Tensor, enabled: Tensor | None = None,

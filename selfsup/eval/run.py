@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import Config, ConfigError, deep_merge, from_dict, load_yaml, parse_overrides
+from selfsup.config import Config, ConfigError, check_method_sections, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, open_split
@@ -58,7 +58,9 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
     if missing:  # a resolved config holds every section; an empty one would evaluate the defaults' dataset
         raise CheckpointError(f"{path} is not a run's resolved config (no {', '.join(missing)} section); restore it, "
                               f"or re-run `selfsup pretrain` with the run's config and trainer.out={run_dir}")
-    return from_dict(Config, deep_merge(saved, parse_overrides(overrides)))
+    cfg = from_dict(Config, deep_merge(saved, parse_overrides(overrides)))
+    check_method_sections(cfg)  # as load_config: an override of the method section is checked, not ignored
+    return cfg
 
 
 def device_for(name: str | None = None) -> torch.device:

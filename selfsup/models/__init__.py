@@ -4,9 +4,12 @@ Every backbone exposes ``num_features`` and ``forward(x) -> (B, num_features)``.
 """
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 from torch import nn
+
+from selfsup.config import ConfigError, check_arguments
 
 from selfsup.models.heads import GaussianHead, GeM, Prototypes, mlp, xavier_linears_
 from selfsup.models.resnet import ResNet, resnet18, resnet50
@@ -26,7 +29,9 @@ __all__ = [
     "Prototypes",
     "ResNet",
     "VisionTransformer",
+    "backbone_class",
     "build_backbone",
+    "check_backbone_params",
     "mlp",
     "xavier_linears_",
     "resnet18",
@@ -51,6 +56,21 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
     "vit_custom": VisionTransformer,
     "vit": VisionTransformer,
 }
+
+
+def backbone_class(kind: str) -> type[nn.Module]:
+    """The class a named backbone builds (a preset's factory returns it), whose constructor's annotations declare the
+    types and ranges of ``model.params``."""
+    factory = BACKBONES[kind]
+    return factory if isinstance(factory, type) else typing.get_type_hints(factory)["return"]
+
+
+def check_backbone_params(kind: str, params: dict[str, object]) -> None:
+    """``model.params`` against the backbone's constructor: known names, each value of its type and in its range
+    (``selfsup.config.check_arguments``), so that a bad value fails before any data is read."""
+    if kind not in BACKBONES:
+        raise ConfigError(f"bad value for model.backbone: {kind!r}; allowed values: {', '.join(BACKBONES)}")
+    check_arguments(backbone_class(kind), params, "model.params.")
 
 
 def build_backbone(kind: str, **kwargs: object) -> nn.Module:

@@ -8,9 +8,11 @@ feature; ``forward_feature_map`` returns the last stage's spatial map (MAST's Ge
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from torch import Tensor, nn
+
+from selfsup.config import Depth, NonEmpty, Width, check_arguments
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet50"]
 
@@ -113,35 +115,27 @@ class ResNet(nn.Module):
     def __init__(
         self,
         block: Literal["basic", "bottleneck"],
-        layers: list[int],
-        in_channels: int = 3,
-        width: int = 64,
+        layers: Annotated[list[Depth], NonEmpty(example="[2, 2, 2, 2]")],
+        in_channels: Width = 3,
+        width: Width = 64,
         small_stem: bool = False,
-        stem_stride: int = 1,
-        stage_widths: list[int] | None = None,
+        stem_stride: Literal[1, 2] = 1,
+        stage_widths: list[Width] | None = None,
         zero_init_residual: bool = True,
     ) -> None:
         super().__init__()
-        if block not in _BLOCKS:
-            raise ValueError(f"block must be one of {sorted(_BLOCKS)}, got {block!r}")
-        if len(layers) < 1 or any(int(n) < 1 for n in layers):
-            raise ValueError(
-                f"layers must list positive block counts (one per stage), got {layers!r}; "
-                "e.g. [2, 2, 2, 2] for ResNet-18 or [1, 1, 1, 1] for a tiny model"
-            )
-        if in_channels < 1 or width < 1:
-            raise ValueError(
-                f"in_channels and width must be positive, got in_channels={in_channels}, "
-                f"width={width}"
-            )
+        check_arguments(ResNet, dict(block=block, layers=layers, in_channels=in_channels, width=width,
+                                     small_stem=small_stem, stem_stride=stem_stride, stage_widths=stage_widths,
+                                     zero_init_residual=zero_init_residual), "")
         if stage_widths is None:
             stage_widths = [width * 2**stage for stage in range(len(layers))]
-        stage_widths = [int(w) for w in stage_widths]
-        if len(stage_widths) != len(layers) or any(w < 1 for w in stage_widths):
+        if len(stage_widths) != len(layers):
             raise ValueError(
                 f"stage_widths must give one positive width per stage ({len(layers)} stages), "
                 f"got {stage_widths!r}; e.g. [16, 32, 64, 256] for layers [1, 1, 1, 1]"
             )
+        if stem_stride != 1 and not small_stem:
+            raise ValueError(f"stem_stride {stem_stride} needs small_stem=True (the ImageNet stem has its own strides)")
         block_cls = _BLOCKS[block]
         self.small_stem = small_stem
         if small_stem:
@@ -157,8 +151,6 @@ class ResNet(nn.Module):
                 nn.ReLU(inplace=True),
                 nn.MaxPool2d(3, stride=2, padding=1),
             )
-        if stem_stride not in (1, 2) or (stem_stride != 1 and not small_stem):
-            raise ValueError(f"stem_stride must be 1 or 2 and needs small_stem=True, got {stem_stride}")
         self.num_stages = len(layers)
         channels = width
         for stage, (num_blocks, stage_width) in enumerate(zip(layers, stage_widths)):

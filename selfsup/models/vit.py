@@ -20,11 +20,13 @@ What the seed methods need beyond a plain ViT:
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from selfsup.config import Depth, ImageSide, Range, Width, check_arguments
 
 __all__ = [
     "VisionTransformer",
@@ -234,76 +236,62 @@ class VisionTransformer(nn.Module):
 
     def __init__(
         self,
-        img_size: int,
-        patch_size: int,
-        in_channels: int,
-        embed_dim: int,
-        depth: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
+        img_size: ImageSide,
+        patch_size: ImageSide,
+        in_channels: Width,
+        embed_dim: Width,
+        depth: Depth,
+        num_heads: Depth,
+        mlp_ratio: Annotated[float, Range(gt=0, le=64, example="4.0")] = 4.0,
         qkv_bias: bool = True,
         pos_embed: Literal["sincos", "learned"] = "sincos",
         cls_token: bool = True,
-        drop_path_rate: float = 0.0,
-        layer_norm_eps: float = 1e-6,
-        num_class_attention_blocks: int = 0,
-        layer_scale_init: float = 0.1,
+        drop_path_rate: Annotated[float, Range(ge=0, lt=1, example="0.1")] = 0.0,
+        layer_norm_eps: Annotated[float, Range(gt=0, le=1, example="1e-6")] = 1e-6,
+        num_class_attention_blocks: Annotated[int, Range(ge=0, le=1000)] = 0,
+        layer_scale_init: Annotated[float, Range(ge=0, le=10, example="0.1")] = 0.1,
         pool: Literal["cls", "mean", "cls_prenorm"] = "cls",
-        conv_stem: list[int] | None = None,
-        conv_stem_strides: list[int] | None = None,
+        conv_stem: list[Width] | None = None,
+        conv_stem_strides: list[Literal[1, 2]] | None = None,
     ) -> None:
         super().__init__()
-        if patch_size < 1 or img_size < 1 or img_size % patch_size != 0:
+        check_arguments(VisionTransformer, {k: v for k, v in locals().items() if k not in ("self", "__class__")}, "")
+        if img_size % patch_size != 0:
             raise ValueError(
                 f"img_size ({img_size}) must be a positive multiple of patch_size ({patch_size}); "
                 "e.g. 28 with patch 4, 7 or 14, 32 with patch 4 or 8, 224 with patch 16"
-            )
-        if depth < 1 or num_heads < 1 or embed_dim < 1 or in_channels < 1:
-            raise ValueError(
-                f"depth, num_heads, embed_dim and in_channels must be positive, got depth={depth}, "
-                f"num_heads={num_heads}, embed_dim={embed_dim}, in_channels={in_channels}"
             )
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
             )
-        if pos_embed not in ("sincos", "learned"):
-            raise ValueError(f"pos_embed must be 'sincos' or 'learned', got {pos_embed!r}")
         if pos_embed == "sincos" and embed_dim % 4 != 0:
             raise ValueError(
                 f"pos_embed='sincos' needs embed_dim divisible by 4, got {embed_dim}; "
                 "change embed_dim or use pos_embed='learned'"
             )
-        if pool not in POOLS:
-            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         if pool != "mean" and not cls_token:
             raise ValueError(
                 f"pool={pool!r} needs a [CLS] token; set cls_token=True or use pool='mean'"
-            )
-        if num_class_attention_blocks < 0:
-            raise ValueError(
-                f"num_class_attention_blocks must be >= 0, got {num_class_attention_blocks}"
             )
         if num_class_attention_blocks > 0 and not cls_token:
             raise ValueError(
                 "class-attention blocks pool into a late [CLS] token; set cls_token=True "
                 "or num_class_attention_blocks=0"
             )
-        if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
         conv_stem = list(conv_stem or [])
         strides = [2] * len(conv_stem) if conv_stem_strides is None else list(conv_stem_strides)
-        if len(strides) != len(conv_stem) or any(s not in (1, 2) for s in strides):
+        if len(strides) != len(conv_stem):
             raise ValueError(
                 f"conv_stem_strides={conv_stem_strides} must give a stride of 1 or 2 for each of the "
                 f"{len(conv_stem)} conv_stem layers, e.g. conv_stem [32, 64, 128] with strides [1, 2, 2]"
             )
         stem_stride = 2 ** strides.count(2)
-        if patch_size % stem_stride != 0 or any(int(c) != c or c < 1 for c in conv_stem):
+        if patch_size % stem_stride != 0:
             raise ValueError(
                 f"conv_stem={conv_stem} (strides {strides}) shrinks the image {stem_stride}x, so patch_size "
-                f"({patch_size}) must be a multiple of {stem_stride} and every channel count a positive "
-                "integer; e.g. patch 4 with conv_stem [32, 64], patch 16 with [48, 96, 192, 384]"
+                f"({patch_size}) must be a multiple of {stem_stride}; e.g. patch 4 with conv_stem [32, 64], "
+                "patch 16 with [48, 96, 192, 384]"
             )
 
         self.img_size = img_size

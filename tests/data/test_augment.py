@@ -245,9 +245,11 @@ def test_blur_p1_smooths_every_image_and_keeps_its_mean() -> None:
 
 
 def test_blur_kernel_too_large_for_image_raises() -> None:
-    aug = Augment(_identity(4, blur_p=1.0, blur_kernel_frac=2.0))
+    with pytest.raises(ValueError, match=r"bad value for blur_kernel_frac: 2.0; use a number in \(0, 1\]"):
+        _identity(4, blur_p=1.0, blur_kernel_frac=2.0)  # a kernel twice the image's side
+    aug = Augment(_identity(1, blur_p=1.0))  # the smallest kernel (3) cannot reflect-pad a 1-pixel image
     with pytest.raises(ValueError, match="blur_kernel_frac"):
-        aug(_images(3, 4))
+        aug(_images(3, 1))
 
 
 @pytest.mark.parametrize(

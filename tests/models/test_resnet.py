@@ -86,14 +86,20 @@ def test_gradients_reach_the_stem() -> None:
 
 
 def test_bad_arguments_raise_clear_errors() -> None:
-    with pytest.raises(ValueError, match="block must be one of"):
+    with pytest.raises(ValueError, match="bad value for block: 'wide'; allowed values: basic, bottleneck"):
         ResNet("wide", [1, 1, 1, 1])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="positive block counts"):
+    with pytest.raises(ValueError, match=r"bad value for layers.1: 0; use an integer in \[1, 1000\]"):
         ResNet("basic", [1, 0, 1])
-    with pytest.raises(ValueError, match="positive block counts"):
+    with pytest.raises(ValueError, match="bad value for layers: \\[\\]; use a list of at least one element"):
         ResNet("basic", [])
-    with pytest.raises(ValueError, match="stem_stride"):
+    with pytest.raises(ValueError, match="stem_stride 2 needs small_stem=True"):
         ResNet("basic", [1], stem_stride=2)
+    with pytest.raises(ValueError, match="bad value for stem_stride: True; allowed values: 1, 2"):
+        ResNet("basic", [1], small_stem=True, stem_stride=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad value for small_stem: 'abc'; use true or false"):
+        ResNet("basic", [1], small_stem="abc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"bad value for width: 1000000000000; use an integer in \[1, 1048576\]"):
+        ResNet("basic", [1], width=10**12)
     model = ResNet("basic", [1, 1, 1, 1], in_channels=1, width=8, small_stem=True)
     with pytest.raises(ValueError, match="in_channels=3"):
         model(torch.randn(1, 3, 16, 16))
@@ -130,5 +136,5 @@ def test_stage_widths_set_each_stage_and_the_feature_width() -> None:
     assert [p.shape for p in default.parameters()] == [p.shape for p in explicit.parameters()]
     with pytest.raises(ValueError, match="one positive width per stage"):
         ResNet("basic", [1, 1, 1, 1], stage_widths=[16, 32, 64])
-    with pytest.raises(ValueError, match="one positive width per stage"):
+    with pytest.raises(ValueError, match=r"bad value for stage_widths.1: 0; use an integer in \[1, "):
         ResNet("basic", [1, 1], stage_widths=[16, 0])
