@@ -100,9 +100,29 @@ def remove_stale_temporaries(run_dir: Path) -> list[Path]:
     return stale
 
 
+def tensor_bytes(tree: Any) -> int:
+    """The bytes of the tensors in a nested state (dicts, lists, tuples): what writing it takes at least."""
+    if isinstance(tree, torch.Tensor):
+        return tree.nbytes
+    if isinstance(tree, dict):
+        return sum(tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tensor_bytes(v) for v in tree)
+    return 0
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically: a crash mid-write leaves the previous checkpoint intact. A failed
+    """Write ``state`` to ``path`` atomically: a crash mid-write leaves the previous checkpoint intact. The free space
+    is checked first (a disk without room for the state's tensors is an OSError before anything is written); a failed
     write (torch's writer reports a full disk as a RuntimeError) is an OSError naming ``path`` and the free space."""
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:  # the first checkpoint: its folder is made by the write
+        folder = folder.parent
+    need, free = tensor_bytes(state), shutil.disk_usage(folder).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"needs {need / 2**20:,.0f} MiB but {free / 2**20:,.0f} MiB is free on its disk "
+                      "(the checkpoint before is kept)", str(path))
+
     def write(tmp: str) -> None:
         try:
             torch.save(state, tmp)

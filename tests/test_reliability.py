@@ -540,3 +540,51 @@ def test_an_unusable_trainer_out_is_exit_2_naming_the_fix(config, tmp_path, caps
     code, err = run_main(["pretrain", str(config), f"trainer.out={path}", "trainer.max_steps=2"], capsys)
     assert code == 2 and fix in error_line(err), err
     assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_too_little_free_space_for_a_checkpoint_is_refused_before_writing(config, tmp_path, capsys, monkeypatch):
+    """Issue 50: free space is checked before a checkpoint is written (the state's tensors against the disk's free
+    bytes), so a nearly full disk stops the run with exit 2 before a byte of the new file, the last one kept."""
+    run = tmp_path / "run"
+    real_usage, real_save, saved = shutil.disk_usage, torch.save, []
+
+    def disk_fills_after_the_first_checkpoint(path):
+        total, used, free = real_usage(path)
+        return shutil._ntuple_diskusage(total, used, free if not saved else 1024)
+
+    def save(obj, f, *args, **kwargs):
+        saved.append(f)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_fills_after_the_first_checkpoint)
+    monkeypatch.setattr(torch, "save", save)
+    code, err = run_main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=12",
+                          "trainer.checkpoint_every_steps=4"], capsys)
+    monkeypatch.undo()
+    line = error_line(err)
+    assert code == 2 and line.startswith(f"error: {run / 'checkpoints' / 'last.pt'}: needs "), line
+    assert "MiB but 0 MiB is free on its disk (the checkpoint before is kept)" in line and "free space" in line
+    assert len(saved) == 1  # the second checkpoint was refused before torch.save
+    assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 4
+
+
+def test_sizes_beyond_the_machines_memory_are_refused_before_allocating(config, tmp_path, capsys, monkeypatch):
+    """Issue 50.7: data.image_size=8192 (in range) tried to allocate 100 GB and died with the allocator's traceback;
+    a model or views far beyond memory did the same at the first step. With 4 GiB free (reported by the check's
+    source, whatever this machine has): one line naming the sizes and the settings to change, nothing written."""
+    import selfsup.memory
+
+    monkeypatch.setattr(selfsup.memory, "available_bytes", lambda device=None: 4 * 2**30)
+    for override, named in [
+        # 1,500 x 8192**2 bytes (93.75 GiB) + one image's float working copies (0.5 GiB)
+        ("data.image_size=8192", "error: resizing 1,500 images to 8192 x 8192 (data.image_size) needs at least 94.3"),
+        # two stages of 65536 and 131072 channels: 9 x (2 x 65536**2 + 65536 x 131072 + 131072**2) + 65536 x 131072
+        ("model.params.width=65536", "error: the training step (a model of 317,8"),
+        ("views.0.size=4096", "error: the training step (a model of "),
+    ]:
+        code, err = run_main(["pretrain", str(config), f"trainer.out={tmp_path / 'run'}", override], capsys)
+        line = error_line(err)
+        assert code == 2 and line.startswith(named) and "but 4.0 GiB is free in this machine's memory" in line, line
+        assert not (tmp_path / "run").exists()
+    code, err = run_main(["pretrain", str(config), f"trainer.out={tmp_path / 'run'}", "trainer.max_steps=2"], capsys)
+    assert code == 0, err  # the tiny run itself fits

@@ -28,6 +28,7 @@ from PIL import Image, ImageOps
 from tqdm.auto import tqdm
 
 from selfsup.data.imagedata import DataError, ImageData, warn_unreadable
+from selfsup.memory import check_fits
 
 __all__ = ["Crop", "ImageSource", "decode_all", "decode_crops", "decode_resized", "image_mode"]
 
@@ -148,6 +149,10 @@ def decode_all(source: ImageSource, image_size: int | None, channels: int, indic
     """
     rows = range(len(source)) if indices is None else indices.tolist()
     mode = image_mode(channels)
+    if image_size is not None:  # the decoded arrays, then their stacked copy
+        check_fits(f"decoding {len(rows):,} images at {image_size} x {image_size} (data.image_size) into memory",
+                   2 * len(rows) * channels * image_size**2, "use a smaller data.image_size, or data.stream=true to "
+                   "stream the images from their files (crops are then taken from each file as it is read)")
 
     def work(i: int) -> np.ndarray | None:
         try:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from selfsup.memory import check_fits
+
 __all__ = ["DataError", "ImageData", "MAX_LISTED", "convert_channels", "resize_images", "subset_indices", "take",
            "warn_unreadable"]
 
@@ -107,14 +109,20 @@ def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
     scale = size / min(h, w)
     new_h, new_w = max(size, round(h * scale)), max(size, round(w * scale))
     top, left = (new_h - size) // 2, (new_w - size) // 2
+    # images per chunk: at most _RESIZE_CHUNK, and float copies of at most ~256 MB whatever the size
+    step = max(1, min(_RESIZE_CHUNK, 2**26 // (c * max(h * w, new_h * new_w))))
+    check_fits(f"resizing {n:,} images to {size} x {size} (data.image_size)", n * c * size * size
+               + step * c * (h * w + 2 * new_h * new_w) * 4,
+               "use a smaller data.image_size, or data.stream=true to stream an image folder or shards (crops are "
+               "then taken from each file as it is read)")
     out = torch.empty((n, c, size, size), dtype=torch.uint8)
-    for start in range(0, n, _RESIZE_CHUNK):
-        chunk = images[start:start + _RESIZE_CHUNK].float()
+    for start in range(0, n, step):
+        chunk = images[start:start + step].float()
         if (new_h, new_w) != (h, w):
             chunk = F.interpolate(chunk, size=(new_h, new_w), mode="bilinear",
                                   align_corners=False, antialias=True)
         chunk = chunk[:, :, top:top + size, left:left + size]
-        out[start:start + _RESIZE_CHUNK] = chunk.round_().clamp_(0, 255).to(torch.uint8)
+        out[start:start + step] = chunk.round_().clamp_(0, 255).to(torch.uint8)
     return out
 
 

@@ -26,6 +26,7 @@ from selfsup.config import Config
 from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
+from selfsup.memory import check_fits, gib
 from selfsup.train.metrics_log import KNNAccuracy
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.run_dir import RunDir, carried_weights
@@ -71,6 +72,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
+    check_step_fits(fabric, cfg, plugins, channels, image_size, schedule_steps, view_groups)
     params, method = plugins.build_model(cfg, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
     method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
@@ -129,6 +131,26 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
         samples = sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None
         run.plot(samples, step)
         log.info("done: %d steps; backbone exported to %s", step, run.path / "backbone.safetensors")
+
+
+def check_step_fits(fabric: Any, cfg: Config, plugins: Plugins, channels: int, image_size: int, steps: int,
+                    groups: list[Any]) -> None:
+    """Refuse a step that cannot fit in the device's free memory, before building the model: its weights and buffers
+    (the method built on the meta device, which allocates nothing), their gradients, and one process's batch of
+    images and views in float32, the views twice (each and the augmentation's working copy). A lower bound
+    (activations and optimiser state come on top): a model or views far beyond the machine
+    (model.params.width=1048576, views.*.size=8192) stop here with exit 2 and the sizes."""
+    with torch.device("meta"):
+        _, method = plugins.build_model(cfg, channels, image_size, steps, None, None)
+    tensors = sum(t.numel() for t in [*method.parameters(), *method.buffers()])
+    trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
+    batch = cfg.trainer.batch_size // fabric.world_size
+    pixels = batch * channels * (image_size**2 + 2 * sum(g.num * g.crop_spec.size**2 for g in groups))
+    model_bytes, pixel_bytes = 4 * (tensors + trainable), 4 * pixels
+    check_fits(f"the training step (a model of {tensors:,} weights with their gradients: {gib(model_bytes)}; "
+               f"{batch} images and their views: {gib(pixel_bytes)})", model_bytes + pixel_bytes,
+               "use a smaller model (model.backbone, model.params, method.*), trainer.batch_size or views "
+               "(views.*.num, views.*.size, data.image_size)", fabric.device)
 
 
 def views_or_checkpoint(run: RunDir, step_views: StepViews, step: int) -> list[torch.Tensor]:
