@@ -62,7 +62,11 @@ def two_nodes(config: Path, run: Path, tmp_path: Path, kill: bool = False) -> li
     first worker dies at its 11th step."""
     port, run_id = free_port(), f"test{time.monotonic_ns()}"
     (tmp_path / "worker.py").write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", **({"KILL": "1"} if kill else {}))
+    # Each worker its own process-group store, not the agents' rendezvous store: with the shared store a restarted
+    # worker can read the previous attempt's address of its peer (the restart counts of the two agents differ) and
+    # fail to connect or hang, 2 restarts in 4 here without this (pytorch/pytorch#135712).
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+               **({"KILL": "1"} if kill else {}))
     nodes = []
     for node in range(2):
         log = open(tmp_path / f"{run.name}.node{node}.log", "w")  # noqa: SIM115 - closed with the process
@@ -75,7 +79,7 @@ def two_nodes(config: Path, run: Path, tmp_path: Path, kill: bool = False) -> li
     return nodes
 
 
-def wait(nodes: list[subprocess.Popen], tmp_path: Path, run: Path, timeout: float = 300) -> None:
+def wait(nodes: list[subprocess.Popen], tmp_path: Path, run: Path, timeout: float = 150) -> None:
     for node, proc in enumerate(nodes):
         try:
             code = proc.wait(timeout=timeout)
