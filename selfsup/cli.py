@@ -5,7 +5,7 @@
     selfsup embed RUN_DIR IMAGES_DIR OUT.npy
     selfsup bench CONFIG.yaml [key=value ...] [--steps N]
     selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
-    selfsup export RUN_DIR --format torchscript|onnx|timm [--out FILE]
+    selfsup export RUN_DIR --format torchscript|onnx|timm|torchvision|state_dict [--out FILE]
     selfsup report RUN_DIR [--out FILE.html] [--max-train N] [--tsne N] [key=value ...]
 
 ``eval``, ``embed``, ``bench``, ``shard``, ``export`` and ``report`` print one JSON object as their last stdout line.
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from selfsup.checkpoint import CheckpointError
 from selfsup.config import ConfigError, load_config, stage_configs
+from selfsup.export import FORMATS
 
 if TYPE_CHECKING:
     from selfsup.config import Config
@@ -233,13 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-mb", type=float, default=1024, help="MiB per shard at most (default 1024)")
     p.set_defaults(func=cmd_shard)
 
-    p = sub.add_parser("export", help="write a run's backbone as TorchScript, ONNX or a timm ViT state dict")
+    p = sub.add_parser("export", help="write a run's backbone as TorchScript, ONNX or a state dict in timm's, "
+                                      "torchvision's or selfsup's names")
     p.add_argument("run_dir")
-    p.add_argument("--format", required=True, choices=["torchscript", "onnx", "timm"],
-                   help="torchscript (torch.jit.load), onnx (ONNX Runtime; the onnx extra), timm (a ViT's "
-                        "weights named as timm's VisionTransformer, safetensors, + the kwargs in FILE.json)")
+    p.add_argument("--format", required=True, choices=list(FORMATS),
+                   help="torchscript (torch.jit.load), onnx (ONNX Runtime; the onnx extra), timm (a ViT's weights "
+                        "named as timm's VisionTransformer, + the kwargs in FILE.json), torchvision (a ResNet's "
+                        "weights in torchvision's names), state_dict (selfsup's names); the last three are "
+                        "safetensors files that model.init_weights starts a run from")
     p.add_argument("--out", default=None, help="output file (default RUN_DIR/export/backbone.pt|.onnx, "
-                                               "backbone_timm.safetensors); FILE.json beside it")
+                                               "backbone_timm|torchvision|state_dict.safetensors); FILE.json "
+                                               "beside it")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="one self-contained HTML page about a run (curves, evaluations, embeddings)")

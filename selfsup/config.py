@@ -148,6 +148,9 @@ class ModelConfig:
     # freezes the lower half); all = every encoder parameter (MAE-CT's head initialisation). No gradients, no
     # optimiser state, frozen blocks in eval mode.
     freeze: Annotated[int, Range(ge=0, le=1000)] | Literal["all"] | None = None
+    # Start the backbone from these weights (.safetensors, .pth, .pt, .bin): torchvision's ResNet or timm's ViT names,
+    # or a selfsup export; read when the run starts, not on a resume (selfsup.models.weights).
+    init_weights: str | None = None
 
 
 @dataclass

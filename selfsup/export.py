@@ -6,6 +6,11 @@
 - ``timm``: a ViT's weights as a safetensors state dict named and shaped as timm's ``VisionTransformer``, with the
   constructor arguments that rebuild it (``timm.models.vision_transformer.VisionTransformer(**kwargs)``,
   ``num_classes=0``). ViT variants timm's class cannot express (a conv stem, class-attention blocks) are refused.
+- ``torchvision``: a ResNet's weights as a safetensors state dict in torchvision's names
+  (``torchvision.models.resnet50().load_state_dict(..., strict=False)``: all but its classifier ``fc``).
+- ``state_dict``: any backbone's weights as a safetensors state dict in selfsup's names.
+
+Each of the three weight formats is what ``model.init_weights`` starts a run from (:mod:`selfsup.models.weights`).
 
 The TorchScript and ONNX networks take what ``selfsup.load_backbone``'s model takes: float images
 ``(B, channels, image_size, image_size)`` normalised with the run's mean and std. Each export writes a sidecar
@@ -25,10 +30,13 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, atomic_write, load_backbone
+from selfsup.config import ConfigError
+from selfsup.models.weights import torchvision_state_dict
 
 __all__ = ["FORMATS", "ExportError", "export", "timm_state_dict"]
 
-FORMATS = {"torchscript": ".pt", "onnx": ".onnx", "timm": ".safetensors"}
+FORMATS = {"torchscript": ".pt", "onnx": ".onnx", "timm": ".safetensors", "torchvision": ".safetensors",
+           "state_dict": ".safetensors"}
 ONNX_OPSET = 18
 
 
@@ -39,14 +47,14 @@ class ExportError(CheckpointError):
 def export(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> dict[str, Any]:
     """Export a run's backbone; returns a summary (``out``, ``sidecar``, ``format``, ``dim``, ...).
 
-    ``out`` defaults to ``RUN_DIR/export/backbone.<pt|onnx>`` (``backbone_timm.safetensors`` for timm).
+    ``out`` defaults to ``RUN_DIR/export/backbone.<pt|onnx>`` (``backbone_<format>.safetensors`` for the weights).
     """
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     run_dir = Path(run_dir)
     model, meta = load_backbone(run_dir)
     model.eval()
-    name = "backbone_timm" if fmt == "timm" else "backbone"
+    name = "backbone" if fmt in ("torchscript", "onnx") else f"backbone_{fmt}"
     out = Path(out) if out is not None else run_dir / "export" / f"{name}{FORMATS[fmt]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {
@@ -61,12 +69,21 @@ def export(run_dir: str | Path, fmt: str, out: str | Path | None = None) -> dict
     elif fmt == "onnx":
         _onnx(model, example, out, info)
     else:
-        state, kwargs = timm_state_dict(model)
         from safetensors.torch import save_file
 
-        info["timm_kwargs"] = kwargs
-        info["timm_note"] = ("timm.models.vision_transformer.VisionTransformer(**timm_kwargs) then "
-                             "load_state_dict(safetensors.torch.load_file(FILE)); model(x) is the feature")
+        if fmt == "timm":
+            state, kwargs = timm_state_dict(model)
+            info["timm_kwargs"] = kwargs
+            info["timm_note"] = ("timm.models.vision_transformer.VisionTransformer(**timm_kwargs) then "
+                                 "load_state_dict(safetensors.torch.load_file(FILE)); model(x) is the feature")
+        elif fmt == "torchvision":
+            try:
+                state = torchvision_state_dict(model)
+            except ConfigError as err:
+                raise ExportError(f"--format torchvision: {err}; use --format state_dict, timm (a ViT), torchscript "
+                                  f"or onnx") from None
+        else:
+            state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         atomic_write(out, lambda tmp: save_file(state, tmp, metadata={"selfsup": json.dumps(info)}))
     sidecar = out.with_name(out.name + ".json")
     atomic_write(sidecar, lambda tmp: Path(tmp).write_text(json.dumps(info, indent=2)))

@@ -11,7 +11,10 @@ from torch import nn
 from selfsup.config import Config, ConfigError
 from selfsup.methods import build_method
 from selfsup.models import build_backbone
+from selfsup.models.weights import init_weights
 from selfsup.train.optim import online_encoder
+
+log = logging.getLogger("selfsup")
 
 
 def backbone_params(cfg: Config, channels: int, image_size: int) -> dict[str, Any]:
@@ -29,6 +32,8 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
     params = backbone_params(cfg, channels, image_size)
     try:
         backbone = build_backbone(cfg.model.backbone, **params)
+        if cfg.model.init_weights and not next(backbone.parameters()).is_meta:  # before any EMA copy is made
+            init_weights(backbone, cfg.model.init_weights, log)
         method = build_method(cfg.method, backbone, total_steps)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err

@@ -73,7 +73,11 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
     check_step_fits(fabric, cfg, plugins, channels, image_size, schedule_steps, view_groups)
-    params, method = plugins.build_model(cfg, channels, image_size, schedule_steps, carried_state,
+    if run.state is not None or carried_state is not None:  # the weights come from a checkpoint: no init file read
+        cfg_build = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_weights=None))
+    else:
+        cfg_build = cfg
+    params, method = plugins.build_model(cfg_build, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
     method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
     optimizer = build_optimizer(method, o, online_encoder(method))

@@ -42,7 +42,8 @@ log = logging.getLogger("selfsup")
 # against the checkpoint's fingerprint instead (RunDir.check_data).
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                      "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
-                     "eval", "data.num_workers", "data.allow_incomplete_shards", "data.root"}
+                     "eval", "data.num_workers", "data.allow_incomplete_shards", "data.root",
+                     "model.init_weights"}  # read when a run starts only
 
 
 # Held by the process that trains into the run directory (rank 0), for the whole run.
