@@ -7,6 +7,7 @@ The Python API (imported lazily, so ``import selfsup`` stays cheap: torch loads 
     features = selfsup.embed(RUN_DIR, images)            # the same for a batch, in one call
     run_dir = selfsup.pretrain("config.yaml", "trainer.epochs=1")   # = selfsup pretrain
     scores = selfsup.evaluate(run_dir, "all", compare=["raw", "random"])   # = selfsup eval
+    run_dir = selfsup.pretrain("config.yaml", backbone=my_module)   # your own nn.Module (see register_backbone)
 
 ``selfsup export`` and ``selfsup report`` are :func:`selfsup.export.export` and :func:`selfsup.report.build_report`.
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Preprocess", "embed", "evaluate", "load_backbone", "pretrain"]
+__all__ = ["Preprocess", "embed", "evaluate", "load_backbone", "pretrain", "register_backbone"]
 
 _LAZY = {"Preprocess": "selfsup.api", "embed": "selfsup.api", "evaluate": "selfsup.api",
-         "load_backbone": "selfsup.api", "pretrain": "selfsup.api"}
+         "load_backbone": "selfsup.api", "pretrain": "selfsup.api", "register_backbone": "selfsup.models"}
 
 
 def __getattr__(name: str) -> Any:

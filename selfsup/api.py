@@ -15,6 +15,8 @@ the mean and std stored with the exported backbone (``backbone.json``).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime
 import json
 from collections.abc import Iterable, Sequence
@@ -172,24 +174,36 @@ def _overrides(overrides: Iterable[str], sections: dict[str, Any]) -> list[str]:
 
 
 def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allow_optim_change: bool = False,
-             **sections: Any) -> Path:
+             backbone: nn.Module | None = None, **sections: Any) -> Path:
     """``selfsup pretrain``: train into ``trainer.out`` (resuming it if it exists) and return the run directory.
 
     ``config``: a YAML file, a run directory (resumed with its own config), a dict of the YAML's content, or a
     :class:`selfsup.config.Config`. Overrides as on the command line (``"trainer.max_steps=20"``) or as keyword
     sections (``trainer={"max_steps": 20}``, or ``trainer__max_steps=20``).
+
+    ``backbone``: your own ``nn.Module`` instead of ``model.backbone`` (see :func:`selfsup.register_backbone` for
+    what it needs). It is registered as ``user:<its class name>``, and the run trains a copy of it from its current
+    weights; :func:`load_backbone`, :func:`evaluate` and :func:`embed` then rebuild it from the run, in this process
+    (another process registers the same name first).
     """
     from selfsup.cli import pretrain_config
     from selfsup.config import Config, deep_merge, from_dict, parse_overrides, to_dict
     from selfsup.launch import pretrain as run
+    from selfsup.models import check_backbone, register_backbone
 
     extra = _overrides(overrides, sections)
+    if backbone is not None:
+        name = f"user:{type(backbone).__name__}"
+        initial = copy.deepcopy(check_backbone(backbone, name)).cpu()
+        register_backbone(name, lambda: copy.deepcopy(initial))
     if isinstance(config, Config):
         config = to_dict(config)
     if isinstance(config, dict):
         cfg = from_dict(Config, deep_merge(dict(config), parse_overrides(extra)))
     else:
         cfg = pretrain_config(Path(config), extra)
+    if backbone is not None:  # the module replaces the config's backbone and its parameters
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backbone=name, params={}))
     return run(cfg, allow_optim_change=allow_optim_change)
 
 

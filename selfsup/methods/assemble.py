@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from selfsup.config import Config, ConfigError
 from selfsup.methods import build_method
-from selfsup.models import build_backbone
+from selfsup.models import BACKBONES, build_backbone
 from selfsup.models.weights import init_weights
 from selfsup.train.optim import online_encoder
 
@@ -18,10 +19,15 @@ log = logging.getLogger("selfsup")
 
 
 def backbone_params(cfg: Config, channels: int, image_size: int) -> dict[str, Any]:
-    """The backbone's constructor arguments: the config's, plus input channels and size where needed."""
-    params = dict(cfg.model.params)
-    params.setdefault("in_channels", channels)
-    if cfg.model.backbone.startswith("vit"):
+    """The backbone's constructor arguments: the config's, plus the input channels (and a ViT's or a timm model's
+    input size) where the constructor takes them (a registered factory may take neither)."""
+    kind, params = cfg.model.backbone, dict(cfg.model.params)
+    factory = BACKBONES.get(kind)
+    taken = (inspect.signature(factory).parameters if factory is not None else {"in_channels": None, "img_size": None})
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values() if p is not None)
+    if "in_channels" in taken or takes_any:
+        params.setdefault("in_channels", channels)
+    if kind.startswith(("vit", "timm:")) and ("img_size" in taken or takes_any):
         params.setdefault("img_size", image_size)
     return params
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from selfsup.config import ConfigError, check_arguments
@@ -28,11 +29,14 @@ __all__ = [
     "GeM",
     "Prototypes",
     "ResNet",
+    "TimmBackbone",
     "VisionTransformer",
     "backbone_class",
     "build_backbone",
+    "check_backbone",
     "check_backbone_params",
     "mlp",
+    "register_backbone",
     "xavier_linears_",
     "resnet18",
     "resnet50",
@@ -58,18 +62,88 @@ BACKBONES: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+BUILT_IN = frozenset(BACKBONES)
+
+
+def register_backbone(name: str, factory: Callable[..., nn.Module]) -> None:
+    """Make ``model.backbone: NAME`` build ``factory(**model.params)``: your own ``nn.Module`` for any method that
+    takes pooled features (VICReg, Barlow Twins, BYOL, NNCLR, MAST, multi-view). The module needs ``num_features``
+    (an int) and ``forward(images) -> (B, num_features)``; a factory that takes ``in_channels`` / ``img_size``
+    gets the data's. MSN, MAE and ExtreMA mask the patch tokens of selfsup's ``VisionTransformer`` and need it.
+
+    Registration lasts for the Python process: a new process that evaluates or resumes the run registers the same
+    name first (``backbone.json`` records it)."""
+    if not isinstance(name, str) or not name or name in BUILT_IN:
+        raise ValueError(f"register_backbone: {name!r} is empty or a built-in backbone's name; choose another")
+    if not callable(factory):
+        raise TypeError(f"register_backbone: the factory for {name!r} must be callable (a class or a function)")
+    BACKBONES[name] = factory
+
+
+def check_backbone(module: nn.Module, kind: str) -> nn.Module:
+    """The protocol every backbone keeps: an ``nn.Module`` with an integer ``num_features``."""
+    if not isinstance(module, nn.Module) or isinstance(getattr(module, "num_features", None), bool) \
+            or not isinstance(getattr(module, "num_features", None), int) or module.num_features < 1:
+        raise ConfigError(f"backbone {kind!r} built a {type(module).__name__} without a positive integer "
+                          f"num_features; a backbone is an nn.Module with num_features (its feature width) and "
+                          f"forward(images) -> (batch, num_features)")
+    return module
+
+
+class TimmBackbone(nn.Module):
+    """A timm model by name (``model.backbone: timm:resnet50``, ``timm:vit_small_patch16_224``) without its classifier:
+    ``forward`` gives timm's pooled pre-logits feature, ``num_features`` its width. Its weights start random (start
+    from a file with ``model.init_weights`` on a built-in backbone, which reads timm's names)."""
+
+    def __init__(self, name: str, in_channels: int = 3, img_size: int | None = None, **kwargs: object) -> None:
+        super().__init__()
+        import timm
+
+        args = {"pretrained": False, "num_classes": 0, "in_chans": in_channels, **kwargs}
+        try:
+            self.model = timm.create_model(name, **args, **({"img_size": img_size} if img_size else {}))
+        except TypeError:  # a model without an input size (a CNN)
+            self.model = timm.create_model(name, **args)
+        self.num_features = int(self.model.num_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+def timm_problem(kind: str) -> str | None:
+    """Why ``model.backbone: timm:NAME`` cannot be built here (timm absent, or no such model), or None."""
+    try:
+        import timm
+    except Exception as err:  # noqa: BLE001 - timm absent, or failing to import (e.g. a torchvision for another torch)
+        return (f"model.backbone={kind} needs timm, which does not import here ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:120]}); install timm where it imports, or use a built-in backbone "
+                f"(resnet18, resnet50, vit_tiny, vit_small, vit_base) with model.init_weights=FILE to start from "
+                f"timm's or torchvision's weights")
+    if kind[len("timm:"):] not in timm.list_models():
+        return f"model.backbone={kind}: timm has no model named {kind[len('timm:'):]!r} (see timm.list_models())"
+    return None
+
+
 def backbone_class(kind: str) -> type[nn.Module]:
     """The class a named backbone builds (a preset's factory returns it), whose constructor's annotations declare the
     types and ranges of ``model.params``."""
     factory = BACKBONES[kind]
-    return factory if isinstance(factory, type) else typing.get_type_hints(factory)["return"]
+    if isinstance(factory, type) or kind not in BUILT_IN:
+        return factory
+    return typing.get_type_hints(factory)["return"]
 
 
 def check_backbone_params(kind: str, params: dict[str, object]) -> None:
     """``model.params`` against the backbone's constructor: known names, each value of its type and in its range
     (``selfsup.config.check_arguments``), so that a bad value fails before any data is read."""
+    if kind.startswith("timm:"):
+        problem = timm_problem(kind)
+        if problem:
+            raise ConfigError(problem)
+        return
     if kind not in BACKBONES:
-        raise ConfigError(f"bad value for model.backbone: {kind!r}; allowed values: {', '.join(BACKBONES)}")
+        raise ConfigError(f"bad value for model.backbone: {kind!r}; allowed values: {', '.join(BACKBONES)} (or a "
+                          f"name given to selfsup.register_backbone in this process)")
     check_arguments(backbone_class(kind), params, "model.params.")
 
 
@@ -77,6 +151,9 @@ def build_backbone(kind: str, **kwargs: object) -> nn.Module:
     """Build a backbone by name, e.g. ``build_backbone("resnet18", small_stem=True)`` or
     ``build_backbone("vit_custom", img_size=28, patch_size=4, in_channels=1, embed_dim=192,
     depth=4, num_heads=3)``. ``kwargs`` go to the factory / constructor."""
+    if kind.startswith("timm:"):
+        return check_backbone(TimmBackbone(kind[len("timm:"):], **kwargs), kind)
     if kind not in BACKBONES:
-        raise ValueError(f"unknown backbone {kind!r}; choose one of {sorted(BACKBONES)}")
-    return BACKBONES[kind](**kwargs)
+        raise ValueError(f"unknown backbone {kind!r}; choose one of {sorted(BACKBONES)}, or register it first "
+                         f"with selfsup.register_backbone({kind!r}, factory)")
+    return check_backbone(BACKBONES[kind](**kwargs), kind)
