@@ -116,7 +116,7 @@ def test_timm_backbone_is_timms_pooled_model(monkeypatch) -> None:
         return net
 
     monkeypatch.setitem(sys.modules, "timm", types.SimpleNamespace(create_model=create_model,
-                                                                  list_models=lambda: ["resnet50"]))
+                                                                  is_model=lambda name: name == "resnet50"))
     check_backbone_params("timm:resnet50", {})
     with pytest.raises(ConfigError, match="timm has no model named 'resnet5'"):
         check_backbone_params("timm:resnet5", {})

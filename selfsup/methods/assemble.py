@@ -38,14 +38,26 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
     params = backbone_params(cfg, channels, image_size)
     try:
         backbone = build_backbone(cfg.model.backbone, **params)
-        if cfg.model.init_weights and not next(backbone.parameters()).is_meta:  # before any EMA copy is made
-            init_weights(backbone, cfg.model.init_weights, log)
         method = build_method(cfg.method, backbone, total_steps)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
+    if cfg.model.init_weights and not next(backbone.parameters()).is_meta:  # not on the meta device (a size check)
+        start_from(method, cfg.model.init_weights)
     if cfg.trainer.channels_last:
         method = method.to(memory_format=torch.channels_last)
     return params, method
+
+
+def start_from(method: nn.Module, path: str) -> None:
+    """``model.init_weights``: the file's weights into the method's encoder, after the method is built (MAE and
+    ExtreMA re-initialise the encoder's Linear layers as the authors do), and into every copy of the encoder the
+    method holds (the EMA targets of MSN, BYOL, ExtreMA and NNCLR), which then start from them too."""
+    encoder = online_encoder(method)
+    init_weights(encoder, path, log)
+    state = encoder.state_dict()
+    for module in method.modules():
+        if module is not encoder and type(module) is type(encoder) and module.state_dict().keys() == state.keys():
+            module.load_state_dict(state)
 
 
 def freeze(encoder: nn.Module, spec: int | str | None) -> None:

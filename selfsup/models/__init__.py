@@ -119,8 +119,9 @@ def timm_problem(kind: str) -> str | None:
                 f"{str(err).splitlines()[0][:120]}); install timm where it imports, or use a built-in backbone "
                 f"(resnet18, resnet50, vit_tiny, vit_small, vit_base) with model.init_weights=FILE to start from "
                 f"timm's or torchvision's weights")
-    if kind[len("timm:"):] not in timm.list_models():
-        return f"model.backbone={kind}: timm has no model named {kind[len('timm:'):]!r} (see timm.list_models())"
+    name = kind[len("timm:"):]
+    if not timm.is_model(name.split(".")[0]):  # "vit_small_patch16_224.augreg_in21k": a model and its weights' tag
+        return f"model.backbone={kind}: timm has no model named {name!r} (see timm.list_models())"
     return None
 
 

@@ -202,3 +202,25 @@ def test_a_method_starts_from_their_weights_and_trains(tmp_path, caplog, config,
     assert any(not torch.equal(v, trained.state_dict()[k]) for k, v in expected.state_dict().items())
     (tmp_path / "w.safetensors").unlink()  # a resume takes the weights from its checkpoint
     assert main(["pretrain", str(tmp_path / "run")]) == 0
+
+
+@pytest.mark.parametrize("method, extra", [("quickstart", []), ("barlow_twins", []), ("byol", []),
+                                           ("nnclr", ["method.queue_size=512"]), ("mast", []), ("msn", []),
+                                           ("extrema", []), ("mae", [])])
+def test_every_method_starts_from_the_file(tmp_path, method, extra) -> None:
+    """Each method's Fashion-MNIST preset (the quick-start for VICReg; on the digits at 28 px), built with another seed but model.init_weights
+    set to a first build's exported weights, exports exactly those weights: the file reaches the backbone and every
+    copy the method makes of it (the EMA target MSN, BYOL and ExtreMA export)."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "fashion_mnist" / f"{method}.yaml"
+    common = [str(config), "data.dataset=digits", "data.image_size=28", "trainer.max_steps=0", "trainer.progress=false",
+              "monitor.knn_every_steps=0", *extra]
+    assert main(["pretrain", *common, f"trainer.out={tmp_path / 'a'}"]) == 0
+    assert main(["export", str(tmp_path / "a"), "--format", "state_dict"]) == 0
+    weights = tmp_path / "a" / "export" / "backbone_state_dict.safetensors"
+    assert main(["pretrain", *common, f"trainer.out={tmp_path / 'b'}", "trainer.seed=1",
+                 f"model.init_weights={weights}"]) == 0
+    assert main(["pretrain", *common, f"trainer.out={tmp_path / 'c'}", "trainer.seed=1"]) == 0
+    file, started, unseeded = load_file(weights), load_file(tmp_path / "b" / "backbone.safetensors"), load_file(
+        tmp_path / "c" / "backbone.safetensors")
+    assert file.keys() == started.keys() and all(torch.equal(file[k], started[k]) for k in file)
+    assert any(not torch.equal(file[k], unseeded[k]) for k in file)  # without the file, seed 1 gives other weights
