@@ -232,7 +232,8 @@ def uncertainty_figure(series: dict[str, tuple[tuple, tuple]]) -> Figure:
         ax.plot(steps, values, label=op)
     ax.set_xlabel("step")  # pragma: no mutate
     ax.set_ylabel("mean tr(Sigma) of pairs that drew the op")  # pragma: no mutate
-    ax.legend(fontsize=8)  # pragma: no mutate
+    if series:  # a run of 0 steps logged nothing
+        ax.legend(fontsize=8)  # pragma: no mutate
     ax.grid(alpha=0.3)  # pragma: no mutate
     fig.tight_layout()
     return fig
