@@ -351,9 +351,12 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """Mappings merge key by key; any other value (lists included) replaces the old one.
 
     A mapping whose ``name`` changes (e.g. ``method: {name: byol}`` over ``method: {name: vicreg, ...}``)
-    replaces the old mapping: the old parameters belong to another component.
+    replaces the old mapping: the old parameters belong to another component. Likewise a ``backbone`` that changes
+    (``model.backbone=resnet50`` over a preset's ``resnet``) drops the old backbone's ``params``.
     """
     out = dict(base)
+    if "backbone" in update and update["backbone"] != base.get("backbone"):
+        out.pop("params", None)
     for key, value in update.items():
         old = out.get(key)
         if isinstance(value, dict) and isinstance(old, dict) and value.get("name", old.get("name")) == old.get("name"):

@@ -210,6 +210,19 @@ def test_changing_a_named_section_replaces_it():
     assert merged["optim"] == {"lr": 2.0, "name": "lars"}
 
 
+def test_another_backbone_drops_the_old_backbones_params():
+    """``model.backbone=resnet50`` on a preset of a small ResNet: its params (block, layers, width, ...) were kept and
+    then refused by resnet50; a new backbone takes its own parameters. The same backbone keeps them; the model's other
+    keys stay."""
+    preset = Path(__file__).resolve().parents[1] / "configs" / "cifar10" / "laptop" / "vicreg.yaml"
+    assert load_config(preset, ["model.backbone=resnet50"]).model.params == {}
+    assert load_config(preset, ["model.backbone=vit_small", "model.params.pos_embed=learned"]).model.params == {
+        "pos_embed": "learned"}
+    assert load_config(preset, ["model.backbone=resnet"]).model.params == load_config(preset).model.params
+    assert load_config(preset, ["model.backbone=resnet50", "model.freeze=null",
+                                "model.init_weights=w.pth"]).model.init_weights == "w.pth"
+
+
 def test_every_shipped_config_loads_and_validates():
     from pathlib import Path
 
