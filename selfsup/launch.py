@@ -58,7 +58,7 @@ def validate(cfg: Config) -> None:
     for i, view in enumerate(cfg.views):
         try:
             augment_config(view.preset, view.size or 32, **view.params)
-        except ConfigError as err:
+        except (TypeError, ValueError) as err:  # ValueError includes ConfigError; TypeError: a key that is no name
             raise ConfigError(f"views.{i}.params: {err}") from None
     if cfg.data.dataset not in DATASETS:
         raise ConfigError(f"bad value for data.dataset: {cfg.data.dataset!r}; allowed values: {', '.join(DATASETS)}")
