@@ -22,12 +22,17 @@ def backbone_params(cfg: Config, channels: int, image_size: int) -> dict[str, An
     """The backbone's constructor arguments: the config's, plus the input channels (and a ViT's or a timm model's
     input size) where the constructor takes them (a registered factory may take neither)."""
     kind, params = cfg.model.backbone, dict(cfg.model.params)
-    factory = BACKBONES.get(kind)
-    taken = (inspect.signature(factory).parameters if factory is not None else {"in_channels": None, "img_size": None})
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in taken.values() if p is not None)
-    if "in_channels" in taken or takes_any:
+    factory = BACKBONES.get(kind)  # None for timm:NAME, whose TimmBackbone takes both
+
+    def takes(name: str) -> bool:
+        if factory is None:
+            return True
+        accepted = inspect.signature(factory).parameters
+        return name in accepted or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+
+    if takes("in_channels"):
         params.setdefault("in_channels", channels)
-    if kind.startswith(("vit", "timm:")) and ("img_size" in taken or takes_any):
+    if kind.startswith(("vit", "timm:")) and takes("img_size"):
         params.setdefault("img_size", image_size)
     return params
 
@@ -41,7 +46,7 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
         method = build_method(cfg.method, backbone, total_steps)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
-    if cfg.model.init_weights and not next(backbone.parameters()).is_meta:  # not on the meta device (a size check)
+    if cfg.model.init_weights:
         start_from(method, cfg.model.init_weights)
     if cfg.trainer.channels_last:
         method = method.to(memory_format=torch.channels_last)

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from selfsup.config import ConfigError, check_arguments
-
 from selfsup.models.heads import GaussianHead, GeM, Prototypes, mlp, xavier_linears_
 from selfsup.models.resnet import ResNet, resnet18, resnet50
 from selfsup.models.vit import (
@@ -82,8 +81,8 @@ def register_backbone(name: str, factory: Callable[..., nn.Module]) -> None:
 
 def check_backbone(module: nn.Module, kind: str) -> nn.Module:
     """The protocol every backbone keeps: an ``nn.Module`` with an integer ``num_features``."""
-    if not isinstance(module, nn.Module) or isinstance(getattr(module, "num_features", None), bool) \
-            or not isinstance(getattr(module, "num_features", None), int) or module.num_features < 1:
+    width = getattr(module, "num_features", None)
+    if not isinstance(module, nn.Module) or isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ConfigError(f"backbone {kind!r} built a {type(module).__name__} without a positive integer "
                           f"num_features; a backbone is an nn.Module with num_features (its feature width) and "
                           f"forward(images) -> (batch, num_features)")

@@ -72,12 +72,12 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
-    check_step_fits(fabric, cfg, plugins, channels, image_size, schedule_steps, view_groups)
-    if run.state is not None or carried_state is not None:  # the weights come from a checkpoint: no init file read
-        cfg_build = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_weights=None))
-    else:
-        cfg_build = cfg
-    params, method = plugins.build_model(cfg_build, channels, image_size, schedule_steps, carried_state,
+    # model.init_weights is read by a fresh start only: not by the size check (on the meta device), nor where the
+    # weights come from a checkpoint (a resume, a previous stage)
+    without_file = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_weights=None))
+    check_step_fits(fabric, without_file, plugins, channels, image_size, schedule_steps, view_groups)
+    build_cfg = cfg if run.state is None and carried_state is None else without_file
+    params, method = plugins.build_model(build_cfg, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
     method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
     optimizer = build_optimizer(method, o, online_encoder(method))
