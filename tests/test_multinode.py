@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -25,30 +26,18 @@ import pytest
 import torch
 
 from test_cli import TINY
-from test_reliability import assert_same_state
+from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, assert_same_state
 
 STEPS = ["trainer.max_steps=24", "trainer.checkpoint_every_steps=4", "trainer.accelerator=cpu",
          "monitor.knn_every_steps=0", "monitor.collapse_every_steps=0"]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 # The worker torchrun starts on each node: ``selfsup pretrain``; on node 1's first attempt, the optimiser's step
 # pre-hook SIGKILLs the worker on its 11th step (after the checkpoint of step 8), as a machine lost mid-run.
-WORKER = """
-import os, signal, sys
-if os.environ["GROUP_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and "KILL" in os.environ:
-    import selfsup.train.loop as loop
-    _build, _calls = loop.build_optimizer, [0]
-    def _hook(optimizer, args, kwargs):
-        _calls[0] += 1
-        if _calls[0] == 11:
-            os.kill(os.getpid(), signal.SIGKILL)
-    def build_optimizer(model, cfg, *args):
-        optimizer = _build(model, cfg, *args)
-        optimizer.register_step_pre_hook(_hook)
-        return optimizer
-    loop.build_optimizer = build_optimizer
-from selfsup.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+WORKER = ("import os, sys\n"
+          'if os.environ["GROUP_RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" '
+          'and "KILL" in os.environ:'
+          + textwrap.indent(SIGNAL_IN_OPTIMIZER_STEP.format(k=11, signal="SIGKILL"), "    ")
+          + "from selfsup.cli import main\nsys.exit(main(sys.argv[1:]))\n")
 
 
 def free_port() -> int:

@@ -36,8 +36,8 @@ monitor: {collapse_every_steps: 10}
 """
 TOTAL_STEPS = 6 * (1500 // 64)  # 23 steps per epoch; checkpoints every 20 steps and every epoch
 
-# Installs an optimiser whose step pre-hook sends SIGINT to the process on its K-th call: the signal
-# arrives inside optimizer.step(), after the forward pass has updated BatchNorm's running statistics.
+# Installs an optimiser whose step pre-hook sends a signal (format: signal=SIGINT, SIGKILL, ...) to the process on its
+# k-th call: the signal arrives inside optimizer.step(), after the forward pass has updated BatchNorm's statistics.
 SIGNAL_IN_OPTIMIZER_STEP = """
 import os, signal
 import selfsup.train.loop as loop
@@ -45,7 +45,7 @@ _build, _calls = loop.build_optimizer, [0]
 def _hook(optimizer, args, kwargs):
     _calls[0] += 1
     if _calls[0] == {k}:
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.{signal})
 def build_optimizer(model, cfg, *args):
     optimizer = _build(model, cfg, *args)
     optimizer.register_step_pre_hook(_hook)
@@ -140,7 +140,8 @@ def test_signal_at_a_random_step_then_resume_is_exact(config, reference, tmp_pat
 
 def test_signal_inside_the_optimizer_step_is_deferred_to_the_step_boundary(config, reference, tmp_path):
     run = tmp_path / "run"
-    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=31)))
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"],
+                           SIGNAL_IN_OPTIMIZER_STEP.format(k=31, signal="SIGINT")))
     assert code == 130, err[-2000:]
     assert "stopped: SIGINT at step 31; checkpoint saved" in err
     assert torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["step"] == 31

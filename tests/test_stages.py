@@ -107,7 +107,7 @@ def test_stages_run_in_order_carry_weights_and_keep_frozen_parts(reference):
 def test_a_kill_in_stage_3_resumes_at_stage_3_exactly(config, reference, tmp_path, caplog):
     run = tmp_path / "run"
     # optimiser steps: 6 (mae) + 4 (head) + 3 in ct, then SIGINT inside the 13th step
-    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.replace("{k}", "13")))
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=13, signal="SIGINT")))
     assert code == 130, err[-3000:]
     assert "stopped: SIGINT at step 3; checkpoint saved" in err
     assert (run / "stages" / "2_head" / "backbone.json").is_file()

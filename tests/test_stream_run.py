@@ -74,7 +74,7 @@ def test_streaming_run_counts_unreadable_images_in_metrics(reference: Path) -> N
 
 def test_a_kill_inside_the_optimizer_step_resumes_to_the_same_weights(config, reference, tmp_path) -> None:
     run = tmp_path / "run"
-    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=6)))
+    code, err = finish(cli(["pretrain", str(config), f"trainer.out={run}"], SIGNAL_IN_OPTIMIZER_STEP.format(k=6, signal="SIGINT")))
     assert code == 130 and "stopped: SIGINT at step 6; checkpoint saved" in err, err[-2000:]
     before = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True).get("unreadable_images")
     resume(run)
