@@ -189,12 +189,34 @@ class OptimConfig:
                               f"exceed optim.lr ({self.lr}); use e.g. optim.min_lr=0")
 
 
+_DURATION_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(sec|min|hr|s|m|h|d)")
+MAX_BUDGET_S = 366 * 86400
+
+
+def parse_duration(text: str) -> float:
+    """``trainer.budget``: ``"30min"``, ``"2h"``, ``"90s"``, ``"1h30min"``, ``"1.5h"`` -> seconds (a ConfigError for
+    anything else, or for more than a year)."""
+    compact = str(text).strip().lower().replace(" ", "")
+    parts = _DURATION_PART.findall(compact)
+    if not compact or "".join(f"{n}{u}" for n, u in parts) != compact:
+        raise ConfigError(f"bad value for trainer.budget: {text!r}; use a duration such as 30min, 2h, 90s or 1h30min")
+    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if not 0 < seconds <= MAX_BUDGET_S:
+        raise ConfigError(f"bad value for trainer.budget: {text!r}; use a positive duration of at most a year, "
+                          f"such as 30min")
+    return seconds
+
+
 @dataclass
 class TrainerConfig:
     out: Annotated[str, NonEmpty(example="runs/my_run")] = "runs/default"  # '' would write the run into the cwd
     epochs: Annotated[float, Range(ge=0, le=100_000)] = 10.0
     # overrides epochs when set; 0 exports the initial backbone
     max_steps: Annotated[int, Range(ge=0, le=MAX_STEPS)] | None = None
+    # Train for this long instead (30min, 2h, 1h30min): the step is timed on this machine first and the run is sized
+    # to what the rest buys (selfsup.train.budget); replaces epochs / max_steps (in stages they weight the shares)
+    budget: Annotated[str, NonEmpty(example="30min")] | None = None
     # global batch (images); each process gets batch_size / world_size
     batch_size: Annotated[int, Range(ge=2, le=MAX_COUNT, example="256")] = 256
     accelerator: Literal["auto", "cpu", "cuda", "gpu", "mps"] = "auto"
@@ -219,6 +241,8 @@ class TrainerConfig:
         if self.batch_size % (self.devices * self.num_nodes):
             raise ConfigError(f"bad value for trainer.batch_size: {self.batch_size}; the global batch must be divisible "
                               f"by the {self.devices * self.num_nodes} processes (trainer.devices x trainer.num_nodes)")
+        if self.budget is not None:
+            parse_duration(self.budget)
         if self.max_steps is None and not self.epochs > 0:
             raise ConfigError(f"bad value for trainer.epochs: {self.epochs}; use a positive number (or set "
                               f"trainer.max_steps)")
@@ -546,7 +570,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 
 # Trainer keys that one stage cannot change: the processes and the run directory are the whole run's.
-_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision")
+_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision", "budget")
 
 
 @dataclass

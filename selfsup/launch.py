@@ -94,6 +94,9 @@ def pretrain(cfg: Config, allow_optim_change: bool = False) -> Path:
     change is logged and appended to ``config_changes.log``.
     """
     validate(cfg)
+    if cfg.trainer.budget is not None and cfg.trainer.max_steps is not None and not cfg.stages:
+        raise ConfigError(f"trainer.budget={cfg.trainer.budget} and trainer.max_steps={cfg.trainer.max_steps} both set "
+                          f"the run's length; keep one of them (trainer.max_steps=null to train to the budget)")
     check_data_size(cfg)
     with torch_threads(cfg.trainer.num_threads):
         return _pretrain(cfg, allow_optim_change)

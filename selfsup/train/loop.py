@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfsup.config import Config
+from selfsup.config import Config, ConfigError, parse_duration
 from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.memory import check_fits, gib
+from selfsup.train.budget import BUDGET_FILE, MAX_TIMED, WARMUP_STEPS, Calibration, budget_steps, read_budget, record, \
+    record_elapsed
 from selfsup.train.metrics_log import KNNAccuracy
 from selfsup.train.optim import build_optimizer, online_encoder
 from selfsup.train.run_dir import RunDir, carried_weights
@@ -51,10 +54,11 @@ class Plugins:
 
 
 def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool = False, carried: Path | None = None,
-          stage: str | None = None) -> None:
+          stage: str | None = None, budget_s: float | None = None) -> None:
     """One stage: train ``cfg.method`` for ``cfg.trainer``'s steps into ``cfg.trainer.out`` (resuming its checkpoint),
     then export the backbone. ``carried``: a checkpoint whose method weights a fresh stage starts from (the previous
-    stage's), matched by name; read only when the stage has no checkpoint of its own."""
+    stage's), matched by name; read only when the stage has no checkpoint of its own. ``budget_s``: this stage's share
+    of ``trainer.budget`` (default: all of it)."""
     t, o, is_main = cfg.trainer, cfg.optim, fabric.global_rank == 0
     run = RunDir(fabric, cfg, allow_optim_change)  # config compatibility is checked before touching the data
     carried_state = carried_weights(carried) if run.state is None and carried is not None else None
@@ -68,14 +72,21 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mean=mean, std=std))
     view_groups = build_view_groups(cfg, image_size, mean, std)
     sampler = StepSampler(len(data), t.batch_size, seed=t.seed, rank=fabric.global_rank, world_size=fabric.world_size)
-    total_steps = run_steps(t, sampler.steps_per_epoch)
+    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
+    # model.init_weights is read by a fresh start only: not by the size check (on the meta device), the budget's
+    # timing, nor where the weights come from a checkpoint (a resume, a previous stage)
+    without_file = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_weights=None))
+    check_step_fits(fabric, without_file, plugins, channels, image_size, max(run_steps(t, sampler.steps_per_epoch), 1),
+                    view_groups)
+    started = time.perf_counter()
+    if t.budget is None:
+        total_steps = run_steps(t, sampler.steps_per_epoch)
+    else:
+        total_steps = budgeted_steps(fabric, without_file, plugins, run, data, sampler, view_groups, channels,
+                                     image_size, memory_format, budget_s or parse_duration(t.budget))
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
-    # model.init_weights is read by a fresh start only: not by the size check (on the meta device), nor where the
-    # weights come from a checkpoint (a resume, a previous stage)
-    without_file = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_weights=None))
-    check_step_fits(fabric, without_file, plugins, channels, image_size, schedule_steps, view_groups)
     build_cfg = cfg if run.state is None and carried_state is None else without_file
     params, method = plugins.build_model(build_cfg, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
@@ -95,7 +106,6 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     knn = (plugins.knn_monitor(cfg, data, mean, std, channels, image_size)
            if is_main and cfg.monitor.knn_every_steps else None)
     run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
-    memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
     step_views = StepViews(data, sampler, view_groups, t.seed, run.start_step, total_steps, fabric.device,
                            memory_format, raw_method)
     run.step_views = step_views
@@ -105,17 +115,8 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
         while step < total_steps:
             run.clock.start()
             views = views_or_checkpoint(run, step_views, step)
-            set_lr_and_wd(optimizer, float(lr_schedule[step]), float(wd_schedule[step]))
-
-            out = method(views)
-            run.check_loss(out.loss, step)
-            optimizer.zero_grad(set_to_none=True)
-            fabric.backward(out.loss)
-            if o.clip_grad:
-                fabric.clip_gradients(method, optimizer, max_norm=o.clip_grad)
-            optimizer.step()
-            if hasattr(raw_method, "after_step"):
-                raw_method.after_step(step)
+            out = train_step(fabric, method, raw_method, optimizer, views, step, float(lr_schedule[step]),
+                             float(wd_schedule[step]), o.clip_grad, run.check_loss)
             step += 1
             run.clock_step(t.batch_size)
 
@@ -134,7 +135,73 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
         run.export(run.path, step)
         samples = sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None
         run.plot(samples, step)
+        if t.budget is not None and run.start_step == 0:
+            record_elapsed(run.path, started)
         log.info("done: %d steps; backbone exported to %s", step, run.path / "backbone.safetensors")
+
+
+def train_step(fabric: Any, method: nn.Module, raw_method: nn.Module, optimizer: torch.optim.Optimizer,
+               views: list[torch.Tensor], step: int, lr: float, weight_decay: float, clip_grad: float | None,
+               check_loss: Callable[[torch.Tensor, int], None] | None = None) -> Any:
+    """One optimiser step of ``method`` (Fabric-wrapped; ``raw_method`` unwrapped) on the step's views: the loss,
+    its gradients, the update and the method's own after-step update (EMA teachers). Returns the method's output."""
+    set_lr_and_wd(optimizer, lr, weight_decay)
+    out = method(views)
+    if check_loss is not None:
+        check_loss(out.loss, step)
+    optimizer.zero_grad(set_to_none=True)
+    fabric.backward(out.loss)
+    if clip_grad:
+        fabric.clip_gradients(method, optimizer, max_norm=clip_grad)
+    optimizer.step()
+    if hasattr(raw_method, "after_step"):
+        raw_method.after_step(step)
+    return out
+
+
+def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data: ImageData | StreamedSplit,
+                   sampler: StepSampler, groups: list[Any], channels: int, image_size: int,
+                   memory_format: torch.memory_format, share_s: float) -> int:
+    """``trainer.budget``: the run's length in steps. A resumed run reads it from its ``budget.json``; a new one times
+    the step on a throwaway copy of the method (same data, views, optimiser and device; ``selfsup.train.budget``),
+    sizes itself to the rest of ``share_s`` and writes ``budget.json`` before its first step."""
+    t, is_main = cfg.trainer, fabric.global_rank == 0
+    saved = read_budget(run.path, t.budget)
+    if saved is not None:
+        return saved["steps"]
+    if run.state is not None:
+        raise ConfigError(f"{run.path / BUDGET_FILE} is missing: it holds the length this run was sized to by "
+                          f"trainer.budget={t.budget}; restore it, or train into a new trainer.out")
+    if is_main:
+        log.info("trainer.budget=%s: timing the training step on this machine (%s of the budget)", t.budget,
+                 f"{share_s:.0f} s" if share_s != parse_duration(t.budget) else "all")
+    _, probe = plugins.build_model(cfg, channels, image_size, max(run_steps(t, sampler.steps_per_epoch), 1), None,
+                                   None)
+    probe_optimizer = build_optimizer(probe, cfg.optim, online_encoder(probe))
+    wrapped, probe_optimizer = fabric.setup(probe, probe_optimizer)
+    probe_views = StepViews(data, sampler, groups, t.seed, 0, WARMUP_STEPS + MAX_TIMED, fabric.device,
+                            memory_format, probe)
+    probe.train()
+    lr = scaled_lr(cfg.optim, t.batch_size)
+
+    def step(i: int) -> None:
+        views = probe_views(i, fabric.global_rank, fabric.world_size)
+        train_step(fabric, wrapped, probe, probe_optimizer, views, i, lr, cfg.optim.weight_decay, cfg.optim.clip_grad)
+        if fabric.device.type == "cuda":
+            torch.cuda.synchronize(fabric.device)
+
+    calibration = Calibration(step, share_s, agree=lambda more: bool(reduced(fabric, int(more))))
+    del wrapped, probe, probe_optimizer, probe_views
+    steps = budget_steps(share_s, calibration, sampler.steps_per_epoch) if is_main else 0
+    steps = reduced(fabric, steps)  # the main process's measurement, for every process
+    if is_main:
+        entry = record(run.path, t.budget, share_s, calibration, steps, sampler.steps_per_epoch, len(data),
+                       str(fabric.device), torch.get_num_threads())
+        log.info("trainer.budget=%s: a step takes %.3f s here (%d timed after %d warm-up steps; the timing took "
+                 "%.1f s): the rest of the %.0f s buys %d steps, %.2f epochs of %d images", t.budget,
+                 calibration.seconds_per_step, calibration.timed_steps, WARMUP_STEPS, calibration.elapsed_s, share_s,
+                 steps, entry["epochs"], len(data))
+    return steps
 
 
 def check_step_fits(fabric: Any, cfg: Config, plugins: Plugins, channels: int, image_size: int, steps: int,

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, check_run_checkpoint, export_backbone, load_checkpoint,
@@ -49,7 +52,7 @@ RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.che
 # Held by the process that trains into the run directory (rank 0), for the whole run.
 LOCK = ".selfsup.lock"
 # What a run directory holds (see the README's "Run directory"): anything else is a user's own file.
-RUN_ENTRIES = {"config.yaml", "metrics.csv", "spectra.npz", "config_changes.log", "loggers.json",
+RUN_ENTRIES = {"config.yaml", "budget.json", "metrics.csv", "spectra.npz", "config_changes.log", "loggers.json",
                "backbone.safetensors", "backbone.json", "report.html", "checkpoints", "plots", "snapshots", "stages",
                "eval", "export", "tensorboard", "wandb", "mlruns", LOCK}
 # Results that only a run that trained (or was evaluated) leaves: without a checkpoint, retraining would replace them.
@@ -126,12 +129,13 @@ def run_lock(fabric: Any, run_dir: Path) -> Iterator[None]:
 
 
 def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_dir: Path,
-                            allowed: tuple[str, ...] = ()) -> list[str]:
+                            allowed: tuple[str, ...] = (), finished_steps: int | None = None) -> list[str]:
     """Refuse to resume a run directory whose config differs in anything that changes the computation.
 
     Differences under :data:`RESUMABLE_CHANGES` and the ``allowed`` sections (e.g. ``("optim",)``) are accepted
     and returned as ``"key: old -> new"`` lines. Normalisation left to be measured (``data.mean``/``std`` null) is
-    not a change: it is measured again on the same data.
+    not a change: it is measured again on the same data. ``finished_steps``: the run is done (it trained and exported
+    that many steps); asking it for another length then says how to train it further (:func:`extension_command`).
     """
 
     def under(key: str, sections) -> bool:
@@ -141,6 +145,8 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
     diffs = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
              and not (k.startswith(("data.mean", "data.std")) and new.get(k) is None)]
     refused = [k for k in diffs if not under(k, RESUMABLE_CHANGES) and not under(k, allowed)]
+    if refused and finished_steps is not None and all(k in LENGTH_KEYS for k in refused):
+        raise ConfigError(extension_command(saved, current, run_dir, finished_steps))
     if refused:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in refused[:5])
         hint = (" To resume with other optim.* settings, add --allow-optim-change."
@@ -148,6 +154,51 @@ def check_resume_compatible(saved: dict[str, Any], current: dict[str, Any], run_
         raise ConfigError(f"{run_dir} holds a run with a different config ({shown}). Resume it with "
                           f"`selfsup pretrain {run_dir}`, or start a new run with trainer.out=<new dir>.{hint}")
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs]
+
+
+# The keys that set a run's length: a finished run asked for another one is extended (extension_command).
+LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs", "trainer.budget")
+
+
+def extension_command(saved: dict[str, Any], current: dict[str, Any], run_dir: Path, done: int) -> str:
+    """What to say when a finished run is asked for another length: it is not changed (its backbone and evaluations
+    stay what they are); a new run continues it from its final checkpoint (the method's weights: backbone, heads and
+    EMA teacher) as one stage with its own 5 % warm-up and schedules, trained for the steps (epochs, budget) asked
+    beyond what it did. The command is written out in full, ready to paste."""
+    old_t, new_t = saved.get("trainer", {}), current.get("trainer", {})
+    asked = f"trainer.max_steps={new_t.get('max_steps')}" if new_t.get("max_steps") != old_t.get("max_steps") else (
+        f"trainer.epochs={new_t.get('epochs')}" if new_t.get("epochs") != old_t.get("epochs") else
+        f"trainer.budget={new_t.get('budget')}")
+    length, top = {}, []
+    if new_t.get("budget") is not None:
+        top.append(f"trainer.budget={new_t['budget']}")
+        what = f"trained for trainer.budget={new_t['budget']}"
+    elif new_t.get("max_steps") is not None:
+        more = int(new_t["max_steps"]) - done
+        if more <= 0:
+            return (f"{run_dir} is finished: it trained {done} steps, and {asked} asks for no more; pass a larger "
+                    f"trainer.max_steps to train it further, or start a new run with trainer.out=<new dir>")
+        length, what = {"max_steps": more}, f"{more} more steps"
+    else:
+        more_epochs = float(new_t.get("epochs") or 0) - float(old_t.get("epochs") or 0)
+        if more_epochs <= 0 or old_t.get("max_steps") is not None:
+            return (f"{run_dir} is finished ({done} steps, backbone exported); {asked} does not ask it for more "
+                    f"training; pass trainer.max_steps=N (N > {done}) to train it further")
+        length, what = {"epochs": round(more_epochs, 6)}, f"{more_epochs:g} more epochs"
+    new_dir = Path(f"{run_dir}_more")
+    n = 2
+    while new_dir.exists():
+        new_dir, n = Path(f"{run_dir}_more{n}"), n + 1
+    stage: dict[str, Any] = {"name": "more", "init_from": str(run_dir),
+                             "optim": {"warmup_epochs": 0, "warmup_fraction": 0.05}}
+    if length:
+        stage["trainer"] = length
+    spec = yaml.safe_dump([stage], default_flow_style=True, sort_keys=False, width=10**6).strip()
+    command = " ".join(shlex.quote(a) for a in ["selfsup", "pretrain", str(run_dir), f"trainer.out={new_dir}",
+                                                     *top, f"stages={spec}"])
+    return (f"{run_dir} is finished ({done} steps, backbone exported) and is left as it is; {asked} does not change "
+            f"a finished run. To train it further, continue it in a new run from its final weights (backbone, heads "
+            f"and teacher), {what} with its own 5 % warm-up: `{command}`")
 
 
 def record_config_changes(run_dir: Path, step: int, changes: list[str]) -> None:
@@ -179,6 +230,15 @@ def carried_weights(path: Path) -> dict[str, Any]:
     return state["model"]
 
 
+def finished_steps(run_dir: Path, state: dict[str, Any]) -> int | None:
+    """The steps of a finished run: its backbone exported at the checkpoint's step (None for a run in progress)."""
+    try:
+        meta = json.loads((Path(run_dir) / "backbone.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return int(state["step"]) if isinstance(meta, dict) and meta.get("steps") == int(state["step"]) else None
+
+
 class RunDir:
     """One stage's run directory (``cfg.trainer.out``) during training, on every process.
 
@@ -199,7 +259,8 @@ class RunDir:
         self.changes: list[str] = []
         if self.state is not None:
             self.changes = check_resume_compatible(self.state["config"], to_dict(cfg), self.path,
-                                                   allowed=("optim",) if allow_optim_change else ())
+                                                   allowed=("optim",) if allow_optim_change else (),
+                                                   finished_steps=finished_steps(self.path, self.state))
         self.start_step = int(self.state["step"]) if self.state is not None else 0
         self.saved_step = self.start_step if self.state is not None else None
         self.clock = TrainClock(self.state)

@@ -12,10 +12,13 @@ from typing import Any
 import yaml
 
 from selfsup.checkpoint import CHECKPOINT, atomic_write, read_backbone_meta
-from selfsup.config import Config, save_config, stage_configs, to_dict
+from selfsup.config import Config, parse_duration, save_config, stage_configs, to_dict
+from selfsup.data.stream import split_size
+from selfsup.train.budget import BUDGET_FILE
 from selfsup.train.loop import Plugins, train
 from selfsup.train.metrics_log import MetricsLog
 from selfsup.train.run_dir import carried_weights, check_resume_compatible, run_checkpoint
+from selfsup.train.schedules import run_steps
 
 log = logging.getLogger("selfsup")
 
@@ -41,6 +44,7 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
     for stage in stages:  # a damaged init_from checkpoint stops the run now, not after the stages before it
         if stage.init_from is not None and not (Path(stage.cfg.trainer.out) / "backbone.json").is_file():
             carried_weights(run_checkpoint(Path(stage.init_from)))
+    shares = BudgetShares(cfg, stages)
     carried, rows, done = None, [], []
     for number, stage in enumerate(stages, start=1):
         stage_dir = Path(stage.cfg.trainer.out)
@@ -52,8 +56,10 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
         else:
             if is_main:
                 log.info("stage %d of %d: %s (%s)", number, len(cfg.stages), stage.name, stage.cfg.method["name"])
-            train(fabric, stage.cfg, plugins, allow_optim_change, carried=carried, stage=stage.name)
+            train(fabric, stage.cfg, plugins, allow_optim_change, carried=carried, stage=stage.name,
+                  budget_s=shares.share(number - 1))
             fabric.barrier()
+        shares.spent(number - 1, stage_dir)
         carried = stage_dir / CHECKPOINT
         rows += MetricsLog(stage_dir / "metrics.csv", resume_step=math.inf).rows  # every row of the stage
         meta = read_backbone_meta(stage_dir)
@@ -67,3 +73,29 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
         atomic_write(run_dir / "backbone.safetensors", lambda tmp: shutil.copyfile(stage_dir / "backbone.safetensors", tmp))
         atomic_write(run_dir / "backbone.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
         log.info("done: %d stages; the last one's backbone exported to %s", len(done), run_dir / "backbone.safetensors")
+
+
+class BudgetShares:
+    """``trainer.budget`` over the stages: stage i gets ``left * planned_i / sum(planned_j, j >= i)``, where ``left``
+    is the budget minus what the stages before it took (their ``budget.json``: the measured time of an uninterrupted
+    stage, else its share) and ``planned`` each stage's steps from its ``trainer.epochs`` / ``max_steps``."""
+
+    def __init__(self, cfg: Config, stages: list[Any]) -> None:
+        self.left = parse_duration(cfg.trainer.budget) if cfg.trainer.budget is not None else None
+        self.planned: list[int] = []
+        if self.left is not None:
+            for stage in stages:
+                c = stage.cfg
+                images = split_size(c.data, c.data.train_split, c.data.fraction)
+                self.planned.append(max(1, run_steps(c.trainer, max(1, images // c.trainer.batch_size))))
+
+    def share(self, index: int) -> float | None:
+        if self.left is None:
+            return None
+        return max(0.0, self.left) * self.planned[index] / sum(self.planned[index:])
+
+    def spent(self, index: int, stage_dir: Path) -> None:
+        if self.left is None:
+            return
+        entry = json.loads((stage_dir / BUDGET_FILE).read_text())
+        self.left -= float(entry.get("elapsed_s", entry["share_s"]))
