@@ -11,7 +11,7 @@ from torch import nn
 
 from selfsup.config import Config, ConfigError
 from selfsup.methods import build_method
-from selfsup.models import BACKBONES, build_backbone
+from selfsup.models import BACKBONES, build_backbone, resolve_auto
 from selfsup.models.weights import init_weights
 from selfsup.train.optim import online_encoder
 
@@ -34,7 +34,7 @@ def backbone_params(cfg: Config, channels: int, image_size: int) -> dict[str, An
         params.setdefault("in_channels", channels)
     if kind.startswith(("vit", "timm:")) and takes("img_size"):
         params.setdefault("img_size", image_size)
-    return params
+    return resolve_auto(kind, params, image_size)
 
 
 def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -> tuple[dict[str, Any], nn.Module]:

@@ -36,6 +36,7 @@ __all__ = [
     "check_backbone_params",
     "mlp",
     "register_backbone",
+    "resolve_auto",
     "xavier_linears_",
     "resnet18",
     "resnet50",
@@ -133,9 +134,39 @@ def backbone_class(kind: str) -> type[nn.Module]:
     return typing.get_type_hints(factory)["return"]
 
 
+#: ``model.params`` that may be ``auto``: chosen from the input's side by :func:`resolve_auto` (ResNets' stem, ViTs' patch).
+AUTO_PARAMS = {ResNet: "small_stem", VisionTransformer: "patch_size"}
+
+
+def resolve_auto(kind: str, params: dict[str, object], image_size: int) -> dict[str, object]:
+    """``model.params`` with ``auto`` values chosen for ``image_size`` px inputs, so that a preset follows
+    ``data.image_size`` (its first feature map, or its token grid, stays about the same size):
+
+    - ResNets, ``small_stem: auto``: up to 48 px the CIFAR stem (3x3, stride 1: a 32 px image keeps 32 x 32 maps); up to
+      96 px the same stem at stride 2 (64 px -> 32 x 32); above, the ImageNet stem (stride 4: 224 px -> 56 x 56);
+    - ViTs, ``patch_size: auto``: an 8 x 8 grid of patches below 128 px (64 px -> patches of 8), patches of 16 from
+      128 px (224 px -> 14 x 14, ViT-S/16's grid); a side that does not divide gets the nearest patch that does.
+
+    The resolved values are what the run records (``backbone.json``) and what an export rebuilds."""
+    key = AUTO_PARAMS.get(backbone_class(kind)) if kind in BACKBONES else None
+    if key is None or params.get(key) != "auto":
+        return params
+    out = dict(params)
+    if key == "small_stem":
+        out["small_stem"] = image_size <= 96
+        if out["small_stem"]:
+            out.setdefault("stem_stride", 1 if image_size <= 48 else 2)
+    else:  # the divisor of the side nearest to that patch (28 px -> 4, a 7 x 7 grid)
+        target = 16 if image_size >= 128 else image_size / 8
+        out["patch_size"] = min((p for p in range(1, image_size + 1) if image_size % p == 0),
+                                key=lambda p: (abs(p - target), -p))
+    return out
+
+
 def check_backbone_params(kind: str, params: dict[str, object]) -> None:
     """``model.params`` against the backbone's constructor: known names, each value of its type and in its range
-    (``selfsup.config.check_arguments``), so that a bad value fails before any data is read."""
+    (``selfsup.config.check_arguments``), so that a bad value fails before any data is read. An ``auto`` value
+    (:data:`AUTO_PARAMS`) is checked once the image size is known, when the backbone is built."""
     if kind.startswith("timm:"):
         problem = timm_problem(kind)
         if problem:
@@ -144,7 +175,10 @@ def check_backbone_params(kind: str, params: dict[str, object]) -> None:
     if kind not in BACKBONES:
         raise ConfigError(f"bad value for model.backbone: {kind!r}; allowed values: {', '.join(BACKBONES)} (or a "
                           f"name given to selfsup.register_backbone in this process)")
-    check_arguments(backbone_class(kind), params, "model.params.")
+    cls = backbone_class(kind)
+    if params.get(AUTO_PARAMS.get(cls, "")) == "auto":
+        params = {k: v for k, v in params.items() if k != AUTO_PARAMS[cls]}
+    check_arguments(cls, params, "model.params.")
 
 
 def build_backbone(kind: str, **kwargs: object) -> nn.Module:
