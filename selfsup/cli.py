@@ -58,8 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     # Also written to RUN_DIR/eval/<kind>.json (what `selfsup report` shows).
     result = evaluate(args.run_dir, args.kind, *args.overrides, baseline=args.baseline, compare=baselines[1:],
                       progress=sys.stderr.isatty())
-    if len(baselines) > 1:
-        print_table(result, baselines)
+    print_table(result, baselines)  # stderr, for a person: stdout holds the JSON line alone, for scripts
     print(json.dumps(rounded(result)))
 
 
@@ -74,16 +73,23 @@ def rounded(value, digits: int = 4):
     return value
 
 
-def print_table(result: dict[str, float], baselines: list[str]) -> None:
-    """Human-readable side-by-side table of the backbone and its baselines (stdout, before the JSON)."""
+def print_table(result: dict[str, float], baselines: list[str], file=None) -> None:
+    """The scores as a table a person reads, on stderr (``file``): one row per metric (accuracies in percent, 2
+    decimals), one column for the backbone (or the ``--baseline``) and one per compared baseline. The chosen
+    hyperparameters, per-split lists and label counts stay in the JSON line."""
+    file = sys.stderr if file is None else file
     names = ["backbone" if b == "none" else b for b in baselines]
     prefixes = ["" if b == "none" else f"{b}_" for b in baselines]
-    metrics = [k for k in result if not any(k.startswith(p) for p in prefixes if p)]
-    metrics = [k for k in metrics if isinstance(result[k], float) and not k.endswith(("_lr", "_wd", "_splits"))]
-    print(f"{'metric':<28}" + "".join(f"{n:>12}" for n in names))
+    first, others = prefixes[0], [p for p in prefixes[1:] if p]  # a compared baseline's keys are its column
+    metrics = [k[len(first):] for k, v in result.items() if k.startswith(first)
+               and not any(k.startswith(p) for p in others) and isinstance(v, (int, float))
+               and not k.endswith(("_lr", "_wd", "_splits", "_labels"))]
+    width = max([len("metric"), *map(len, metrics)]) + 2
+    print(f"{'metric':<{width}}" + "".join(f"{n:>12}" for n in names), file=file)
     for key in metrics:
         cells = [result.get(p + key) for p in prefixes]
-        print(f"{key:<28}" + "".join(f"{c:>12.2f}" if isinstance(c, float) else f"{'-':>12}" for c in cells))
+        print(f"{key:<{width}}" + "".join(f"{c:>12.2f}" if isinstance(c, (int, float)) else f"{'-':>12}"
+                                          for c in cells), file=file)
 
 
 def check_writable(folder: Path) -> None:

@@ -255,20 +255,25 @@ def split_size(d: DataConfig, split: str, fraction: float = 1.0) -> int:
 
 
 def open_split(d: DataConfig, split: str, image_size: int | None = None, channels: int | None = None,
-               fraction: float = 1.0, progress: bool = True) -> ImageData | StreamedSplit:
+               fraction: float = 1.0, progress: bool = True, labelled: bool = False) -> ImageData | StreamedSplit:
     """A split as the config asks: decoded into memory (:class:`ImageData`), or listed for streaming.
 
     ``data.stream``: true streams (image folders and shards only), false decodes into memory, auto streams
     when the decoded split would exceed :data:`STREAM_ABOVE_BYTES`. Streaming needs the output size
     (``image_size``, default ``data.image_size``); channels default to 3. One log line says which path runs.
+    ``labelled`` (evaluation, the kNN monitor): with ``data.labels``, the split's images that the CSV labels, those
+    of the evaluation splits' folders (val, test, ``data.eval_split``) held out of the training split; without it
+    (pretraining) every image, as without a CSV.
     """
     image_size = image_size or d.image_size
+    labels = d.labels if labelled else None
+    eval_splits = tuple(dict.fromkeys(s for s in ("val", "test", d.eval_split) if s != "auto"))
     stream = d.stream
     if stream is True and d.dataset not in STREAMABLE:
         raise ConfigError(f"data.stream=true: {d.dataset} is not a dataset of image files (streamable: "
                           f"{', '.join(STREAMABLE)}); set data.stream=false or auto")
     if stream and d.dataset in STREAMABLE:
-        source = open_images(d.dataset, split, d.root, bool(d.allow_incomplete_shards))
+        source = open_images(d.dataset, split, d.root, bool(d.allow_incomplete_shards), labels, eval_splits)
         if fraction < 1:
             source = SubsetSource(source, subset_indices(len(source), fraction, d.fraction_seed))
         decoded = len(source) * (channels or 3) * (image_size or 0) ** 2
@@ -282,7 +287,8 @@ def open_split(d: DataConfig, split: str, image_size: int | None = None, channel
                      f", {decoded / 2**30:.1f} GiB decoded > {STREAM_ABOVE_BYTES / 2**30:.0f} GiB", workers)
             return StreamedSplit(source, image_size, channels or 3, workers)
     data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels, fraction=fraction,
-                        seed=d.fraction_seed, progress=progress, allow_incomplete_shards=bool(d.allow_incomplete_shards))
+                        seed=d.fraction_seed, progress=progress, allow_incomplete_shards=bool(d.allow_incomplete_shards),
+                        labels=labels, eval_splits=eval_splits)
     log.info("data: %s/%s in memory (%d images %dx%dx%d)", d.dataset, split, len(data), *data.images.shape[1:])
     return data
 

@@ -258,18 +258,19 @@ class _Sample:
     def __init__(self, run_dir: Path, meta: dict[str, Any], overrides: list[str], max_train: int, max_query: int,
                  progress: bool) -> None:
         from selfsup.data.stream import pixels_and_labels
-        from selfsup.eval.run import labelled_splits, run_config
+        from selfsup.eval.run import evaluation_split, labelled_splits, run_config
 
         self.cfg = run_config(run_dir, overrides)
-        self.train_split, splits = labelled_splits(self.cfg, meta["image_size"], meta["channels"], progress)
+        choice = evaluation_split(self.cfg)  # as `selfsup eval` resolves data.eval_split
+        self.train_split, splits = labelled_splits(self.cfg, meta["image_size"], meta["channels"], progress, choice)
         generator = torch.Generator().manual_seed(self.cfg.eval.seed)
         train = splits[0]
         order = torch.randperm(len(train), generator=generator)
         if len(splits) > 1:
-            self.query_split = self.cfg.data.eval_split
+            self.query_split = choice.name
             train_idx = order[:max_train].sort().values
             query_source, query_idx = splits[1], torch.randperm(len(splits[1]), generator=generator)[:max_query]
-        else:  # eval.holdout: queries and gallery are disjoint parts of the training split
+        else:  # a hold-out: queries and gallery are disjoint parts of the training split
             self.query_split = f"{self.train_split} (held out)"
             query_idx, train_idx = order[:max_query], order[max_query:max_query + max_train].sort().values
             query_source = train
