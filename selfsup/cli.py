@@ -105,33 +105,25 @@ def check_writable(folder: Path) -> None:
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from selfsup.api import Preprocess
+    from selfsup.api import Preprocess, embed_folder
     from selfsup.checkpoint import atomic_write_all, load_backbone
-    from selfsup.data.formats.folder import all_images
-    from selfsup.data.stream import StreamedSplit, default_workers
-    from selfsup.eval.features import extract_features
     from selfsup.eval.run import device_for
 
     backbone, meta = load_backbone(Path(args.run_dir))
     out = Path(args.out)
     out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
     check_writable(out.parent)  # before the features are computed, not after
-    folder = Path(args.images_dir)
-    # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
-    images = StreamedSplit(all_images(folder.expanduser()), meta["image_size"], meta["channels"],
-                           args.workers if args.workers is not None else default_workers())
     device = device_for()
-    normalize = Preprocess.from_meta(meta).normalize
-    feats = extract_features(backbone.to(device), images, device=device, transform=normalize,
-                             progress=sys.stderr.isatty())[images.readable]
-    names = [images.source.name(i) for i in range(len(images))]
-    kept = [n for n, ok in zip(names, images.readable.tolist()) if ok]
-    unreadable = [n for n, ok in zip(names, images.readable.tolist()) if not ok]
-    # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); unreadable files are not rows.
-    # A name that is not valid UTF-8 is written as its bytes (surrogateescape), so every listed name opens its file.
+    # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
+    found = embed_folder(backbone.to(device), Preprocess.from_meta(meta), Path(args.images_dir).expanduser(),
+                         device=device, workers=args.workers, progress=sys.stderr.isatty())
+    feats = found.features
+    # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); files not used are not rows:
+    # OUT.skipped.txt lists them as `name<TAB>reason`. A name that is not valid UTF-8 is written as its bytes
+    # (surrogateescape), so every listed name opens its file.
     files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
-    listed = "".join(name + "\n" for name in kept).encode("utf-8", "surrogateescape")
-    not_listed = "".join(name + "\n" for name in unreadable).encode("utf-8", "surrogateescape")
+    listed = "".join(name + "\n" for name in found.files).encode("utf-8", "surrogateescape")
+    not_listed = "".join(f"{name}\t{why}\n" for name, why in found.skipped).encode("utf-8", "surrogateescape")
 
     def save_features(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy to the temporary's name
@@ -139,11 +131,11 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
     # All written before any is replaced: a failure leaves the previous output as it was.
     atomic_write_all([(out, save_features), (files, lambda tmp: Path(tmp).write_bytes(listed)),
-                      *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if unreadable else [])])
-    if not unreadable:
-        skipped.unlink(missing_ok=True)  # it listed the previous output's unreadable files
+                      *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if found.skipped else [])])
+    if not found.skipped:
+        skipped.unlink(missing_ok=True)  # it listed the previous output's unused files
     print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
-                      "skipped": len(unreadable), **({"skipped_files": str(skipped)} if unreadable else {})}))
+                      "skipped": len(found.skipped), **({"skipped_files": str(skipped)} if found.skipped else {})}))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
