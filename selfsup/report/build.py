@@ -8,6 +8,10 @@ covariance, beside a random network and raw pixels; the training-time spectra of
 (the method's own PNGs in ``plots/``), ``embedding-map`` (PCA and t-SNE of the embeddings coloured by label),
 ``retrieval`` (query images and their nearest training images) and ``stages`` (each stage of a staged run).
 
+A run whose training split has no labels (a folder of loose photos) gets every section that needs none: the map in
+one colour, retrieval by similarity alone, and one note in ``data`` saying what labels would add (class colours,
+the report's kNN, same-class marks).
+
 Images are PNGs drawn with matplotlib and inlined as base64 ``data:`` URIs; the page has no external CSS or
 JavaScript and opens without a network.
 """
@@ -581,7 +585,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
     gallery of the retrieval grid and of the maps; ``max_query`` evaluation images; ``tsne_points`` of the training
     sample in the t-SNE map, 0: PCA only, t-SNE costs ~20 CPU-s for 500 points); ``overrides`` are
     ``key=value`` settings of the data read (e.g. ``data.root=...``). When the data or the backbone cannot be
-    read, those sections say why and the rest of the page is still written.
+    read, those sections say why and the rest of the page is still written. A run whose training split has no
+    labels is sampled from that split alone (:class:`_UnlabelledSample`).
     """
     from selfsup.checkpoint import CheckpointError, atomic_write, read_backbone_meta
     from selfsup.config import ConfigError
