@@ -298,7 +298,7 @@ def open_split(d: DataConfig, split: str, image_size: int | None = None, channel
     (pretraining) every image, as without a CSV.
     """
     image_size = image_size or d.image_size
-    labels = None
+    labels = d.labels if labelled else None
     eval_splits = tuple(dict.fromkeys(s for s in ("val", "test", d.eval_split) if s != "auto"))
     stream = d.stream
     if stream is True and d.dataset not in STREAMABLE:
