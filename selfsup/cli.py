@@ -167,8 +167,9 @@ def cmd_shard(args: argparse.Namespace) -> None:
         log.info("sharding %s/%s: %d images into %s", root, split, len(source), out)
         index = write_shards(source, out, max_count=args.max_count, max_bytes=int(args.max_mb * 2**20),
                              progress=sys.stderr.isatty())
-        result[split] = {"images": len(source) - len(index["skipped"]), "shards": len(index["shardlist"]),
-                         "out": str(out), "classes": len(source.classes or []), "skipped": len(index["skipped"])}
+        written = sum(entry["nsamples"] for entry in index["shardlist"])  # skipped also counts files that are not read
+        result[split] = {"images": written, "shards": len(index["shardlist"]), "out": str(out),
+                         "classes": len(source.classes or []), "skipped": len(index["skipped"])}
     print(json.dumps(result))
 
 

@@ -127,8 +127,8 @@ def load_dataset(
         and tensors, ``root/<split>`` (a folder, or ``<split>.pt`` / ``<split>.npz``) is used when it
         exists; "train" falls back to ``root`` itself (see :func:`open_images` for the labels).
     root: data location; None uses :func:`default_root`.
-    image_size: output side length; images are resized (antialiased bilinear; image files with PIL
-        bicubic at decode time), non-square ones on the shorter side followed by a center crop.
+    image_size: output side length; images are resized (antialiased bilinear: torch's for arrays, PIL's for
+        image files at decode time), non-square ones on the shorter side followed by a center crop.
         Required for image files that differ in size.
     channels: 1 or 3; converts gray->RGB by repetition and RGB->gray by luminance.
     fraction: keep a seeded random subset of round(fraction * N) images (at least one).

@@ -6,6 +6,7 @@ first frame of a GIF), every file is either used or listed with its reason (in m
 from __future__ import annotations
 
 import io
+import json
 import struct
 import warnings
 import zlib
@@ -23,7 +24,7 @@ from selfsup.cli import main
 from selfsup.data.datasets import load_dataset
 from selfsup.data.decode import ALPHA_BACKGROUND, decode_resized
 from selfsup.data.formats.folder import folder_source
-from selfsup.data.formats.shards import shard_source, write_shards
+from selfsup.data.formats.shards import shard_source
 from selfsup.data.stream import CropStream, StreamedSplit
 from selfsup.data.views import CropSpec
 from selfsup.models import build_backbone
@@ -205,14 +206,17 @@ def test_selfsup_embed_lists_every_unused_file_with_its_reason(folder, tmp_path,
     check_skipped([tuple(line.split("\t")) for line in (tmp_path / "out.skipped.txt").read_text().splitlines()])
 
 
-def test_selfsup_shard_lists_every_unused_file_with_its_reason(folder, tmp_path, caplog) -> None:
+def test_selfsup_shard_lists_every_unused_file_with_its_reason(folder, tmp_path, capsys, caplog) -> None:
     root, expected = folder
-    index = write_shards(folder_source(root), tmp_path / "shards", progress=False)
+    assert main(["shard", str(root), str(tmp_path / "shards")]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])["train"]
+    assert (summary["images"], summary["skipped"]) == (len(expected), 4)
+    index = json.loads((tmp_path / "shards" / "train" / "index.json").read_text())
     check_skipped(list(index["skipped_reasons"].items()))
     assert sorted(index["skipped"]) == sorted(SKIPPED)
     assert any(m.startswith(f"skipped 4 files of {len(expected) + 4} in {root} (not written to the shards)")
                for m in caplog.messages)
-    shards = shard_source(tmp_path / "shards")
+    shards = shard_source(tmp_path / "shards" / "train")
     suffixes = sorted(shards.name(i).rsplit(".", 1)[1] for i in range(len(shards)))
     assert suffixes == sorted(name.rsplit(".", 1)[1].lower() for name in expected)  # each used file, once
 
