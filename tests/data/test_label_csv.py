@@ -26,10 +26,12 @@ def test_rows_with_or_without_a_header_label_the_named_images(photos: Path, tmp_
         source = labelled_source(table, "train", photos)
         assert [source.name(i) for i in range(len(source))] == [f"img_{i:02d}.png" for i in range(6)]
         assert source.labels.tolist() == [CLASSES.index(COLOURS[i % 3]) for i in range(6)]
-    (tmp_path / "quoted.csv").write_text('\ufefffile,class\n"img_00.png", red \nimg_01.png,"green, light"\n\n'
-                                         'img_00.png,red\n')  # a BOM, quotes, spaces, a blank line, a repeated row
+    (tmp_path / "quoted.csv").write_text('file,class\n"img_00.png", red \nimg_01.png,"green, light"\n\n'
+                                         'img_00.png,red\n')  # quotes, spaces, a blank line, a repeated row
     table = read_label_csv(tmp_path / "quoted.csv", photos)
     assert table.labels == {"img_00.png": "red", "img_01.png": "green, light"}
+    (tmp_path / "bom.csv").write_text("\ufeffimg_00.png,red\nimg_01.png,green\n")  # as a spreadsheet saves UTF-8
+    assert list(read_label_csv(tmp_path / "bom.csv", photos).labels) == ["img_00.png", "img_01.png"]
 
 
 @pytest.mark.parametrize("text, message", [

@@ -19,6 +19,7 @@ from selfsup.config import ConfigError, load_config, save_config
 from selfsup.data.datasets import AUTO_HOLDOUT, load_dataset, resolve_eval_split
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval import run as eval_run
+from selfsup.eval.monitor import build_knn_monitor
 from selfsup.eval.features import raw_pixel_features
 from selfsup.models import build_backbone
 
@@ -211,15 +212,16 @@ def test_a_run_saved_with_eval_split_test_still_evaluates_on_test(tmp_path: Path
 
 def test_lowshot_drops_the_counts_the_smallest_class_cannot_fill(tmp_path: Path, caplog) -> None:
     """26 labelled photos: red 9, green 9, blue 8; the 20 % hold-out takes 2 of each (round(1.8), round(1.6)), so
-    blue keeps 6 images to fit: 7-shot is dropped with one line naming blue and 6, 1- and 2-shot run."""
-    run, _, _ = labelled_run(tmp_path, "eval.lowshot_shots=[1, 2, 7]", "eval.lowshot_percents=[]", rows=range(26))
+    blue keeps 6 images to fit: 7-shot is dropped with one line naming blue and 6; 1-, 2- and 6-shot (all of blue's
+    images) run."""
+    run, _, _ = labelled_run(tmp_path, "eval.lowshot_shots=[1, 2, 6, 7]", "eval.lowshot_percents=[]", rows=range(26))
     cfg = eval_run.run_config(run, [])
     with caplog.at_level(logging.INFO, logger="selfsup"):
         result = eval_run.evaluate_run(run, cfg, ["knn", "lowshot"], baseline="raw", progress=False)
     lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert lines == ["eval lowshot: 7-shot dropped: the smallest class of the labelled train split, 'blue', has 6 "
-                     "images (low-shot runs 1-shot, 2-shot)"]
-    assert {k for k in result if k.startswith("lowshot_")} == {f"lowshot_{k}shot_{s}" for k in (1, 2)
+                     "images (low-shot runs 1-shot, 2-shot, 6-shot)"]
+    assert {k for k in result if k.startswith("lowshot_")} == {f"lowshot_{k}shot_{s}" for k in (1, 2, 6)
                                                                for s in ("mean", "std", "splits")}
     assert result["lowshot_1shot_mean"] > 50  # red, green, blue pixels: one image per class nearly suffices
 
@@ -250,3 +252,18 @@ def test_a_holdout_too_small_to_test_on_is_a_config_error(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="a hold-out of 20% of the 6 labelled training images leaves none to test "
                                           "on"):
         eval_run.compute_features(run, eval_run.run_config(run, []), baseline="raw", progress=False)
+
+
+def test_knn_monitor_reads_the_csv_labels_and_the_resolved_holdout(tmp_path: Path, caplog) -> None:
+    """Pretraining data of a CSV-labelled folder has no labels: the online kNN monitor takes its gallery and queries
+    from the 30 labelled images, as evaluation does: disjoint parts (the 20 % hold-out: 6 queries, 24 gallery)."""
+    run, _, _ = labelled_run(tmp_path)
+    cfg = eval_run.run_config(run, [])
+    pretraining = open_split(cfg.data, "train", image_size=8, progress=False)
+    with caplog.at_level(logging.INFO, logger="selfsup"):
+        monitor = build_knn_monitor(cfg, pretraining, [0.4] * 3, [0.3] * 3, channels=3, image_size=8)
+    gallery = {int(n) for n in monitor.train_images[:, 0, 0, 0]}  # each image's number, in its top-left pixel
+    queries = {int(n) for n in monitor.test_images[:, 0, 0, 0]}
+    assert len(queries) == 6 and gallery | queries == set(range(LABELLED)) and not gallery & queries
+    assert monitor.train_labels.tolist() == [CLASSES.index(COLOURS[n % 3]) for n in monitor.train_images[:, 0, 0, 0]]
+    assert "kNN monitor: data.eval_split=auto: imagefolder has no val or test split" in caplog.text
