@@ -89,7 +89,7 @@ def open_images(name: str, split: str = "train", root: str | None = None, allow_
     splits; ``selfsup shard`` writes those labels into the shards. ``allow_incomplete_shards``: read shards that
     hold fewer samples than their index lists, with a warning (otherwise an error).
     ``labels``: a label CSV (``data.labels``; image folders only): the split is its labelled images alone, those
-    of the ``eval_splits`` folders held out of any other split (:func:`~selfsup.data.formats.label_csv.labelled_source`).
+    of the ``eval_splits`` folders held out of any other split (``label_csv.labelled_source``).
     """
     _check_name(name)
     if name not in STREAMABLE:
@@ -239,10 +239,12 @@ def resolve_eval_split(d: DataConfig, holdout: float | None = None) -> EvalSplit
         if has_split(d.dataset, split, d.root, d.labels):
             where = f" ({Path(d.root) / split})" if d.dataset in STREAMABLE and d.root else ""
             return EvalSplit(split, None, f"data.eval_split=auto: evaluating on {d.dataset}/{split}{where}")
-    labelled = f"images labelled in {d.labels}" if d.labels else "labelled training images"
-    return EvalSplit(None, AUTO_HOLDOUT, f"data.eval_split=auto: {d.dataset} has no val or test split; evaluating "
-                                         f"on a stratified hold-out of {AUTO_HOLDOUT * 100:g}% of the {labelled} "
-                                         f"(eval.holdout=F sets the fraction, data.eval_split=SPLIT names a split)")
+    missing = f"{d.labels} labels no image of a val or test split" if d.labels else \
+        f"{d.dataset} has no val or test split"
+    labelled = "images it labels" if d.labels else "labelled training images"
+    return EvalSplit(None, AUTO_HOLDOUT, f"data.eval_split=auto: {missing}; evaluating on a stratified hold-out of "
+                                         f"{AUTO_HOLDOUT * 100:g}% of the {labelled} (eval.holdout=F sets the "
+                                         f"fraction, data.eval_split=SPLIT names a split)")
 
 
 def _check_name(name: str) -> None:

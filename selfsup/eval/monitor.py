@@ -44,7 +44,8 @@ def build_knn_monitor(cfg: Config, data: ImageData | StreamedSplit, mean: list[f
     labels then)."""
     d = cfg.data
     if d.labels is not None:
-        data = open_split(d, labelled_train_split(d), image_size=image_size, channels=channels, progress=False, labelled=True)
+        data = open_split(d, labelled_train_split(d), image_size=image_size, channels=channels, progress=False,
+                          labelled=True)
     if data.labels is None:
         log.warning("monitor.knn_every_steps is set but %s/%s has no labels; the kNN monitor is off",
                     cfg.data.dataset, cfg.data.train_split)

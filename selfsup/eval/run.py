@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import Config, ConfigError, DataConfig, check_method_sections, deep_merge, from_dict, load_yaml, parse_overrides
+from selfsup.config import (Config, ConfigError, DataConfig, check_method_sections, deep_merge, from_dict, load_yaml,
+                            parse_overrides)
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import EvalSplit, resolve_eval_split
 from selfsup.data.imagedata import ImageData
@@ -192,7 +193,8 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     train = splits[0]
     shots = None
     if lowshot:
-        labels = train.labels if holdout is None else train.labels[holdout_rows(train.labels, holdout, cfg.eval.seed)[0]]
+        labels = train.labels if holdout is None else \
+            train.labels[holdout_rows(train.labels, holdout, cfg.eval.seed)[0]]
         classes = getattr(train, "classes", None) or getattr(getattr(train, "source", None), "classes", None)
         shots = lowshot_shots(cfg, labels, train_split, classes, alone=lowshot_alone)
     if baseline == "raw":  # raw pixels in [0, 1], flattened

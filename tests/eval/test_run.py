@@ -110,7 +110,8 @@ def _class_tree(root: Path, splits: dict[str, int]) -> Path:
         for cls, value in (("a", 40), ("b", 200)):
             (root / split / cls).mkdir(parents=True, exist_ok=True)
             for i in range(count):
-                Image.fromarray(np.full((4, 4), value + i, dtype=np.uint8), mode="L").save(root / split / cls / f"{i}.png")
+                image = Image.fromarray(np.full((4, 4), value + i, dtype=np.uint8), mode="L")
+                image.save(root / split / cls / f"{i}.png")
     return root
 
 
@@ -128,8 +129,8 @@ def test_csv_labels_evaluate_exactly_the_labelled_images_of_a_flat_folder(tmp_pa
     assert len(pretraining) == IMAGES and pretraining.labels is None  # the CSV changes nothing there
     with caplog.at_level(logging.INFO, logger="selfsup"):
         raw = eval_run.compute_features(run, cfg, baseline="raw", progress=False)
-    assert f"data.eval_split=auto: imagefolder has no val or test split; evaluating on a stratified hold-out of " \
-           f"20% of the images labelled in {labels}" in caplog.text
+    assert f"data.eval_split=auto: {labels} labels no image of a val or test split; evaluating on a stratified " \
+           f"hold-out of 20% of the images it labels" in caplog.text
     numbers = image_numbers(raw.train) + image_numbers(raw.test)
     assert sorted(numbers) == list(range(LABELLED))
     assert len(raw.test) == 6 and torch.bincount(raw.test_labels).tolist() == [2, 2, 2]
@@ -146,6 +147,8 @@ def test_auto_evaluates_on_val_then_test_then_a_holdout(tmp_path: Path, caplog) 
     cfg = _folder_cfg(root)
     choice = resolve_eval_split(cfg.data)
     assert (choice.name, choice.holdout) == (None, AUTO_HOLDOUT)
+    assert choice.why.startswith("data.eval_split=auto: imagefolder has no val or test split; evaluating on a "
+                                 "stratified hold-out of 20% of the labelled training images")
     _class_tree(root, {"test": 3})
     assert resolve_eval_split(cfg.data).name == "test"
     _class_tree(root, {"val": 2})
@@ -257,7 +260,7 @@ def test_a_holdout_too_small_to_test_on_is_a_config_error(tmp_path: Path) -> Non
 def test_knn_monitor_reads_the_csv_labels_and_the_resolved_holdout(tmp_path: Path, caplog) -> None:
     """Pretraining data of a CSV-labelled folder has no labels: the online kNN monitor takes its gallery and queries
     from the 30 labelled images, as evaluation does: disjoint parts (the 20 % hold-out: 6 queries, 24 gallery)."""
-    run, _, _ = labelled_run(tmp_path)
+    run, _, labels = labelled_run(tmp_path)
     cfg = eval_run.run_config(run, [])
     pretraining = open_split(cfg.data, "train", image_size=8, progress=False)
     with caplog.at_level(logging.INFO, logger="selfsup"):
@@ -266,4 +269,4 @@ def test_knn_monitor_reads_the_csv_labels_and_the_resolved_holdout(tmp_path: Pat
     queries = {int(n) for n in monitor.test_images[:, 0, 0, 0]}
     assert len(queries) == 6 and gallery | queries == set(range(LABELLED)) and not gallery & queries
     assert monitor.train_labels.tolist() == [CLASSES.index(COLOURS[n % 3]) for n in monitor.train_images[:, 0, 0, 0]]
-    assert "kNN monitor: data.eval_split=auto: imagefolder has no val or test split" in caplog.text
+    assert f"kNN monitor: data.eval_split=auto: {labels} labels no image of a val or test split" in caplog.text
