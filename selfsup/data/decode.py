@@ -45,7 +45,7 @@ from selfsup.data.imagedata import DataError, ImageData, report_decode_warnings,
 from selfsup.memory import check_fits
 
 __all__ = ["ALPHA_BACKGROUND", "Crop", "DecodeWarnings", "ImageSource", "decode_all", "decode_crops",
-           "decode_resized", "fit_square", "image_mode", "open_image", "unreadable_reason", "unused_files"]
+           "decode_resized", "fit_square", "image_mode", "open_image", "unreadable_reason", "unused_files", "upright"]
 
 _EXIF_ORIENTATION = 0x0112
 _MAX_DRAFT_REDUCTION = 8  # libjpeg scales by 1/2, 1/4, 1/8
@@ -153,9 +153,6 @@ class DecodeWarnings:
             yield
         finally:
             self._local.name = None
-
-    def of(self, name: str) -> list[str]:
-        return [text for n, text in self.notes if n == name]
 
     def _caught(self, message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
                 line: str | None = None) -> None:

@@ -184,7 +184,8 @@ def test_every_file_is_used_or_listed_with_its_reason_when_streamed(folder, capl
     assert any(m.startswith(f"skipped 2 files of {len(source) + 2} in {root}: IMG_0001.HEIC") for m in
                caplog.messages)  # the files not read, when the split is opened (training too)
     # Training's crops: an unreadable file is replaced by another one and named with its reason.
-    stream = CropStream(source, [CropSpec(size=4, scale=(0.5, 1.0), ratio=(0.75, 4 / 3), hflip_p=0.5, count=1)], 3, seed=0)
+    spec = CropSpec(size=4, scale=(0.5, 1.0), ratio=(0.75, 4 / 3), hflip_p=0.5, count=1)
+    stream = CropStream(source, [spec], 3, seed=0)
     for i in range(len(source)):
         index, crops, unreadable = stream[(0, 0, i)]
         if source.name(i) in SKIPPED:
