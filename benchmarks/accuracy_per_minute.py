@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from selfsup.config import Config, load_config
-from selfsup.eval.run import evaluate_run, run_config
+from selfsup.eval.run import evaluate_run, evaluation_split, run_config
 from selfsup.launch import pretrain
 
 
@@ -112,8 +112,9 @@ def budget_curve(config: str, overrides: list[str], cpu_minutes: float | None, o
         print(f"warning: the run took {run_per_step:.3f} CPU-s per step, the calibration {per_step:.3f}: it used "
               f"{curve[-1]['cpu_min']:.1f} of its {cpu_minutes:g} CPU-minutes. The machine's speed drifted; compare "
               f"arms run at different times at equal steps (--steps {steps}), not equal budgets", file=sys.stderr)
+    choice = evaluation_split(cfg)  # data.eval_split (auto resolved) or eval.holdout, as evaluate_run reads it
     result = {"config": config, "overrides": overrides, "cpu_model": cpu_model(), "threads": torch.get_num_threads(),
-              "eval_set": cfg.data.eval_split if holdout is None else f"held-out {holdout} of {cfg.data.train_split}",
+              "eval_set": choice.name or f"held-out {choice.holdout:g} of {cfg.data.train_split}",
               "cpu_minutes_budget": cpu_minutes, "holdout": holdout, "evals": evals,
               "calibration_cpu_s_per_step": None if per_step is None else round(per_step, 4),
               "run_cpu_s_per_step": round(run_per_step, 4), "steps": steps, "curve": curve, "raw": raw,

@@ -24,7 +24,7 @@ from selfsup.checkpoint import load_backbone
 from selfsup.data.datasets import load_dataset
 from selfsup.data.masking import random_keep_indices
 from selfsup.eval.features import extract_features
-from selfsup.eval.run import run_config
+from selfsup.eval.run import evaluation_split, run_config
 from selfsup.models.vit import VisionTransformer
 
 
@@ -48,7 +48,8 @@ def masked_similarities(run_dir: Path, ratios: list[float], limit: int, seed: in
     vit, meta = load_backbone(run_dir)
     if not isinstance(vit, VisionTransformer):
         raise SystemExit(f"{run_dir}: test-time masking needs a ViT backbone, got {meta['backbone']}")
-    data = load_dataset(cfg.data.dataset, cfg.data.eval_split, root=cfg.data.root, image_size=cfg.data.image_size,
+    split = evaluation_split(cfg).name or cfg.data.train_split  # a hold-out's images are the training split's
+    data = load_dataset(cfg.data.dataset, split, root=cfg.data.root, image_size=cfg.data.image_size,
                         channels=cfg.data.channels, progress=False)
     images = data.images[torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:limit]]
     mean = torch.tensor(meta["mean"]).view(1, -1, 1, 1)

@@ -3,8 +3,9 @@
 The Python API (imported lazily, so ``import selfsup`` stays cheap: torch loads on first use)::
 
     model, preprocess = selfsup.load_backbone(RUN_DIR)   # nn.Module (eval mode) + its resize/normalise transform
-    features = model(preprocess(images))                 # PIL images, paths or uint8 tensors -> (B, D)
+    features = model(preprocess(images))                 # a list of PIL images, paths or uint8 tensors -> (B, D)
     features = selfsup.embed(RUN_DIR, images)            # the same for a batch, in one call
+    features, files = selfsup.embed(RUN_DIR, "photos/", return_files=True)   # a folder, = selfsup embed
     run_dir = selfsup.pretrain("config.yaml", "trainer.epochs=1")   # = selfsup pretrain
     scores = selfsup.evaluate(run_dir, "all", compare=["raw", "random"])   # = selfsup eval
     run_dir = selfsup.pretrain("config.yaml", backbone=my_module)   # your own nn.Module (see register_backbone)

@@ -4,8 +4,9 @@
 
     import selfsup
     model, preprocess = selfsup.load_backbone("runs/quickstart")   # nn.Module in eval mode + its transform
-    feats = model(preprocess(pil_image_or_uint8_batch))             # (B, num_features)
+    feats = model(preprocess([pil_image, "b.jpg", uint8_chw]))      # (B, num_features); one image -> (C, H, W)
     feats = selfsup.embed("runs/quickstart", images)                # a batch in one call, (N, D) float32
+    feats, files = selfsup.embed("runs/quickstart", "photos/", return_files=True)   # = selfsup embed
     run = selfsup.pretrain("configs/fashion_mnist/quickstart.yaml", "trainer.epochs=1")
     scores = selfsup.evaluate(run, "knn", compare=["raw"])          # what `selfsup eval` prints
 
@@ -32,19 +33,28 @@ if TYPE_CHECKING:  # keep `import selfsup` cheap: nothing heavy at import time
 
     from selfsup.config import Config
 
-__all__ = ["Preprocess", "embed", "evaluate", "load_backbone", "pretrain", "save_eval_result"]
+__all__ = ["FolderFeatures", "Preprocess", "embed", "embed_folder", "evaluate", "load_backbone", "pretrain",
+           "save_eval_result"]
 
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Images -> the batch a run's backbone takes: resized as evaluation reads them, scaled to [0, 1], normalised.
+    """Images -> what a run's backbone takes: resized as evaluation reads them, scaled to [0, 1], normalised.
 
-    Accepts a PIL image, a path, a uint8 tensor or array ``(C, H, W)`` / ``(B, C, H, W)`` (or ``(H, W)``,
-    ``(H, W, C)`` arrays as PIL gives them), a float tensor in [0, 1], or a list of any of these. Always
-    returns a float32 batch ``(B, channels, image_size, image_size)``: a single image gives ``B = 1``.
-    Resizing follows evaluation: the shorter side to ``image_size``, then a centre crop (PIL images: bicubic,
-    as image folders are decoded; tensors: antialiased bilinear, as in-memory datasets are resized); colour
-    is converted to the run's channels (gray <-> RGB).
+    Takes one image: a PIL image, a path to an image file, a uint8 tensor ``(C, H, W)``, a float tensor in [0, 1],
+    or a numpy array ``(C, H, W)``, ``(H, W, C)`` or ``(H, W)`` (as ``np.asarray(pil_image)`` gives it); and
+    returns one float32 ``(channels, image_size, image_size)``, as a torchvision transform does, so it can be a
+    torch ``Dataset``'s per-image transform (the ``DataLoader`` stacks the batch). A list of images, or a 4-D
+    batch ``(B, C, H, W)``, gives a batch ``(B, channels, image_size, image_size)``.
+
+    Every image takes one path, the one ``selfsup embed`` and the evaluation of an image folder take, so the same
+    image gives the same pixels whether it comes as a path, a PIL image or a uint8 tensor:
+    :func:`~selfsup.data.decode.open_image` (EXIF orientation applied, 16-bit and float images scaled to 8 bit,
+    transparency composited onto white, the run's channels by Pillow's conversion: gray <-> RGB, luma
+    ``0.299 R + 0.587 G + 0.114 B``), then :func:`~selfsup.data.decode.fit_square` (the shorter side to
+    ``image_size`` with PIL's antialiased bilinear filter, then a centre crop). A tensor becomes a PIL image
+    first. Datasets held in memory as arrays (CIFAR-10, Fashion-MNIST) are resized by torch's antialiased
+    bilinear, the same filter within 1/255.
     """
 
     image_size: int
@@ -58,59 +68,78 @@ class Preprocess:
         return cls(int(meta["image_size"]), int(meta["channels"]), tuple(meta["mean"]), tuple(meta["std"]))
 
     def pixels(self, images: Any) -> torch.Tensor:
-        """uint8 ``(B, channels, image_size, image_size)``: resized and colour-converted, not yet normalised."""
-        from selfsup.data.imagedata import convert_channels, resize_images
+        """uint8 pixels, resized and colour-converted, not yet normalised: ``(channels, image_size, image_size)``
+        for one image, ``(B, channels, image_size, image_size)`` for a list or a 4-D batch."""
+        if _is_batch(images):
+            return self.batch(images)
+        return self._one(images)
 
-        if isinstance(images, (list, tuple)):
-            if not images:
-                raise ValueError("no images: pass at least one image")
-            return torch.cat([self.pixels(image) for image in images])
-        if isinstance(images, (str, Path)) or _is_pil(images):
-            return self._decode(images)
-        if isinstance(images, np.ndarray):
-            images = torch.from_numpy(np.array(images))  # a writable copy
-            if images.ndim == 2:  # (H, W) gray, as np.asarray(PIL image) gives it
-                images = images[None]
-            elif images.ndim == 3 and images.shape[-1] in (1, 3) and images.shape[0] not in (1, 3):
-                images = images.permute(2, 0, 1)  # (H, W, C) -> (C, H, W)
-        if not isinstance(images, torch.Tensor):
-            raise TypeError(f"cannot preprocess {type(images).__name__}; pass PIL images, paths, uint8 tensors "
-                            f"(C, H, W) / (B, C, H, W), float tensors in [0, 1], or a list of these")
-        if images.ndim == 3:
-            images = images[None]
-        if images.ndim != 4 or images.shape[1] not in (1, 3):
-            raise ValueError(f"expected images (C, H, W) or (B, C, H, W) with 1 or 3 channels, got shape "
-                             f"{tuple(images.shape)}")
-        if images.is_floating_point():
-            if images.numel() and (float(images.min()) < 0 or float(images.max()) > 1):
-                raise ValueError("float images must be in [0, 1]; pass uint8 images (0-255) otherwise")
-            images = (images * 255).round().to(torch.uint8)
-        elif images.dtype != torch.uint8:
-            raise TypeError(f"integer images must be uint8 (0-255), got {images.dtype}")
-        images = convert_channels(images.cpu(), self.channels)
-        return resize_images(images, self.image_size).contiguous()
+    def batch(self, images: Any) -> torch.Tensor:
+        """uint8 ``(B, channels, image_size, image_size)`` whatever was given (one image: ``B = 1``)."""
+        if not _is_batch(images):
+            return self._one(images)[None]
+        if len(images) == 0:
+            raise ValueError("no images: pass at least one image")
+        return torch.stack([self._one(image) for image in images])
 
-    def normalize(self, batch: torch.Tensor) -> torch.Tensor:
-        """``(x - mean) / std`` per channel, for images already in [0, 1] (on any device)."""
-        mean = torch.tensor(self.mean, device=batch.device, dtype=batch.dtype).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=batch.device, dtype=batch.dtype).view(1, -1, 1, 1)
-        return (batch - mean) / std
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) / std`` per channel, for images ``(C, H, W)`` or ``(B, C, H, W)`` already in [0, 1] (on any
+        device)."""
+        mean = torch.tensor(self.mean, device=pixels.device, dtype=pixels.dtype).view(-1, 1, 1)
+        std = torch.tensor(self.std, device=pixels.device, dtype=pixels.dtype).view(-1, 1, 1)
+        return (pixels - mean) / std
 
     def __call__(self, images: Any) -> torch.Tensor:
         return self.normalize(self.pixels(images).float().div_(255.0))
 
-    def _decode(self, image: Any) -> torch.Tensor:
-        from selfsup.data.decode import decode_resized, image_mode
+    def _one(self, image: Any) -> torch.Tensor:
+        """One image -> uint8 ``(channels, image_size, image_size)``."""
+        from selfsup.data.decode import DecodeWarnings, decode_resized, image_mode
+        from selfsup.data.imagedata import report_decode_warnings
 
-        if _is_pil(image):
-            from io import BytesIO
+        if isinstance(image, (str, Path)):
+            name = str(image)
+        elif _is_pil(image):
+            name = "a PIL image"
+        else:
+            name = "a tensor"
+            image = _tensor_image(image)
+        with DecodeWarnings() as caught, caught.file(name):
+            array = decode_resized(image, self.image_size, image_mode(self.channels))
+        report_decode_warnings(caught.notes, "given to Preprocess")
+        return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
-            buffer = BytesIO()
-            image.save(buffer, format="PNG")  # lossless; decode_resized then treats it as a file of the folder
-            buffer.seek(0)
-            image = buffer
-        array = decode_resized(image, self.image_size, image_mode(self.channels))
-        return torch.from_numpy(np.array(array)).permute(2, 0, 1)[None].contiguous()
+
+def _is_batch(images: Any) -> bool:
+    """A list or tuple of images, or a 4-D tensor or array."""
+    return isinstance(images, (list, tuple)) or (isinstance(images, (torch.Tensor, np.ndarray)) and images.ndim == 4)
+
+
+def _tensor_image(image: Any) -> Any:
+    """A tensor or array of one image -> the PIL image (mode "L" or "RGB") of its uint8 pixels."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        image = torch.from_numpy(np.array(image))  # a writable copy
+        if image.ndim == 2:  # (H, W) gray, as np.asarray(PIL image) gives it
+            image = image[None]
+        elif image.ndim == 3 and image.shape[-1] in (1, 3) and image.shape[0] not in (1, 3):
+            image = image.permute(2, 0, 1)  # (H, W, C) -> (C, H, W)
+    if not isinstance(image, torch.Tensor):
+        raise TypeError(f"cannot preprocess {type(image).__name__}; pass PIL images, paths, uint8 tensors "
+                        f"(C, H, W) / (B, C, H, W), float tensors in [0, 1], or a list of these")
+    if image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"expected images (C, H, W) or (B, C, H, W) with 1 or 3 channels, got shape "
+                         f"{tuple(image.shape)}")
+    if image.is_floating_point():
+        if image.numel() and (float(image.min()) < 0 or float(image.max()) > 1):
+            raise ValueError("float images must be in [0, 1]; pass uint8 images (0-255) otherwise")
+        image = (image * 255).round().to(torch.uint8)
+    elif image.dtype != torch.uint8:
+        raise TypeError(f"integer images must be uint8 (0-255), got {image.dtype}")
+    hwc = image.detach().cpu().permute(1, 2, 0).numpy()
+    return Image.fromarray(np.ascontiguousarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc),
+                           "L" if hwc.shape[2] == 1 else "RGB")
 
 
 def _is_pil(obj: Any) -> bool:
@@ -138,11 +167,20 @@ def load_backbone(run_dir: str | Path, device: str | torch.device | None = None,
 
 
 def embed(run_dir_or_model: str | Path | tuple[nn.Module, Preprocess], images: Any, batch_size: int = 256,
-          device: str | torch.device | None = None) -> torch.Tensor:
-    """Features ``(N, D)`` (float32, CPU) of a batch of images (anything :class:`Preprocess` takes).
+          device: str | torch.device | None = None, return_files: bool = False,
+          workers: int | None = None) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
+    """Features ``(N, D)`` (float32, CPU) of images: a batch (anything :class:`Preprocess` takes; one image gives
+    ``N = 1``), or every image under a folder, as ``selfsup embed RUN_DIR FOLDER`` computes them (the same files,
+    order and pixels).
+
+    A folder's rows are its image files sorted by path (loose files and sub-folders alike); files that are not
+    used (not images, empty, undecodable) are logged with their reasons and have no row. ``return_files=True``
+    returns ``(features, files)``: ``files[i]`` is the path of row ``i``'s file relative to the folder (what
+    ``OUT.files.txt`` lists). Images are then read by ``workers`` loader processes (default: one per core, at
+    most 8; 0 reads them in this process).
 
     ``run_dir_or_model``: a run directory, or the ``(model, preprocess)`` pair :func:`load_backbone` returned
-    (to embed many batches without reloading). A folder of image files on disk: ``selfsup embed``.
+    (to embed many batches without reloading).
     """
     from selfsup.eval.features import extract_features
 
@@ -152,8 +190,42 @@ def embed(run_dir_or_model: str | Path | tuple[nn.Module, Preprocess], images: A
         model, preprocess = load_backbone(run_dir_or_model)
     if device is None:
         device = next(model.parameters()).device
-    return extract_features(model, preprocess.pixels(images), batch_size=batch_size, device=device,
+    if isinstance(images, (str, Path)) and Path(images).expanduser().is_dir():
+        found = embed_folder(model, preprocess, Path(images).expanduser(), batch_size, device, workers)
+        return (found.features, found.files) if return_files else found.features
+    if return_files:
+        raise ValueError("return_files=True names the rows of a folder's features; a batch's rows are its images "
+                         "in the order given (pass a folder, or return_files=False)")
+    return extract_features(model, preprocess.batch(images), batch_size=batch_size, device=device,
                             transform=preprocess.normalize)
+
+
+@dataclass(frozen=True)
+class FolderFeatures:
+    """The features of a folder's images: ``features[i]`` is the file ``files[i]`` (relative to the folder);
+    ``skipped``: ``(file, reason)`` of each file that has no row."""
+
+    features: torch.Tensor
+    files: list[str]
+    skipped: list[tuple[str, str]]
+
+
+def embed_folder(model: nn.Module, preprocess: Preprocess, folder: Path, batch_size: int = 256,
+                 device: str | torch.device | None = None, workers: int | None = None,
+                 progress: bool = False) -> FolderFeatures:
+    """Every image under ``folder`` (sorted by path) embedded: decoded by loader workers as evaluation reads a
+    folder (:func:`~selfsup.data.decode.decode_resized`, the path :class:`Preprocess` takes), so a folder of any
+    size is embedded in constant memory. What :func:`embed` and ``selfsup embed`` compute."""
+    from selfsup.data.formats.folder import all_images
+    from selfsup.data.stream import StreamedSplit, default_workers
+    from selfsup.eval.features import extract_features
+
+    split = StreamedSplit(all_images(folder), preprocess.image_size, preprocess.channels,
+                          default_workers() if workers is None else workers)
+    feats = extract_features(model, split, batch_size=batch_size, device=device, transform=preprocess.normalize,
+                             progress=progress)[split.readable]
+    files = [split.source.name(i) for i in torch.nonzero(split.readable).flatten().tolist()]
+    return FolderFeatures(feats, files, split.skipped)
 
 
 def _overrides(overrides: Iterable[str], sections: dict[str, Any]) -> list[str]:

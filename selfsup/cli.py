@@ -58,8 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     # Also written to RUN_DIR/eval/<kind>.json (what `selfsup report` shows).
     result = evaluate(args.run_dir, args.kind, *args.overrides, baseline=args.baseline, compare=baselines[1:],
                       progress=sys.stderr.isatty())
-    if len(baselines) > 1:
-        print_table(result, baselines)
+    print_table(result, baselines)  # stderr, for a person: stdout holds the JSON line alone, for scripts
     print(json.dumps(rounded(result)))
 
 
@@ -74,16 +73,23 @@ def rounded(value, digits: int = 4):
     return value
 
 
-def print_table(result: dict[str, float], baselines: list[str]) -> None:
-    """Human-readable side-by-side table of the backbone and its baselines (stdout, before the JSON)."""
+def print_table(result: dict[str, float], baselines: list[str], file=None) -> None:
+    """The scores as a table a person reads, on stderr (``file``): one row per metric (accuracies in percent, 2
+    decimals), one column for the backbone (or the ``--baseline``) and one per compared baseline. The chosen
+    hyperparameters, per-split lists and label counts stay in the JSON line."""
+    file = sys.stderr if file is None else file
     names = ["backbone" if b == "none" else b for b in baselines]
     prefixes = ["" if b == "none" else f"{b}_" for b in baselines]
-    metrics = [k for k in result if not any(k.startswith(p) for p in prefixes if p)]
-    metrics = [k for k in metrics if isinstance(result[k], float) and not k.endswith(("_lr", "_wd", "_splits"))]
-    print(f"{'metric':<28}" + "".join(f"{n:>12}" for n in names))
+    first, others = prefixes[0], [p for p in prefixes[1:] if p]  # a compared baseline's keys are its column
+    metrics = [k[len(first):] for k, v in result.items() if k.startswith(first)
+               and not any(k.startswith(p) for p in others) and isinstance(v, (int, float))
+               and not k.endswith(("_lr", "_wd", "_splits", "_labels"))]
+    width = max([len("metric"), *map(len, metrics)]) + 2
+    print(f"{'metric':<{width}}" + "".join(f"{n:>12}" for n in names), file=file)
     for key in metrics:
         cells = [result.get(p + key) for p in prefixes]
-        print(f"{key:<28}" + "".join(f"{c:>12.2f}" if isinstance(c, float) else f"{'-':>12}" for c in cells))
+        print(f"{key:<{width}}" + "".join(f"{c:>12.2f}" if isinstance(c, (int, float)) else f"{'-':>12}"
+                                          for c in cells), file=file)
 
 
 def check_writable(folder: Path) -> None:
@@ -99,33 +105,25 @@ def check_writable(folder: Path) -> None:
 def cmd_embed(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from selfsup.api import Preprocess
+    from selfsup.api import Preprocess, embed_folder
     from selfsup.checkpoint import atomic_write_all, load_backbone
-    from selfsup.data.formats.folder import all_images
-    from selfsup.data.stream import StreamedSplit, default_workers
-    from selfsup.eval.features import extract_features
     from selfsup.eval.run import device_for
 
     backbone, meta = load_backbone(Path(args.run_dir))
     out = Path(args.out)
     out = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")  # as np.save names it
     check_writable(out.parent)  # before the features are computed, not after
-    folder = Path(args.images_dir)
-    # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
-    images = StreamedSplit(all_images(folder.expanduser()), meta["image_size"], meta["channels"],
-                           args.workers if args.workers is not None else default_workers())
     device = device_for()
-    normalize = Preprocess.from_meta(meta).normalize
-    feats = extract_features(backbone.to(device), images, device=device, transform=normalize,
-                             progress=sys.stderr.isatty())[images.readable]
-    names = [images.source.name(i) for i in range(len(images))]
-    kept = [n for n, ok in zip(names, images.readable.tolist()) if ok]
-    unreadable = [n for n, ok in zip(names, images.readable.tolist()) if not ok]
-    # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); unreadable files are not rows.
-    # A name that is not valid UTF-8 is written as its bytes (surrogateescape), so every listed name opens its file.
+    # Streamed from the files by loader workers: a folder of any size is embedded in constant memory.
+    found = embed_folder(backbone.to(device), Preprocess.from_meta(meta), Path(args.images_dir).expanduser(),
+                         device=device, workers=args.workers, progress=sys.stderr.isatty())
+    feats = found.features
+    # Row i of the array is the i-th file listed here (paths relative to IMAGES_DIR); files not used are not rows:
+    # OUT.skipped.txt lists them as `name<TAB>reason`. A name that is not valid UTF-8 is written as its bytes
+    # (surrogateescape), so every listed name opens its file.
     files, skipped = out.with_suffix(".files.txt"), out.with_suffix(".skipped.txt")
-    listed = "".join(name + "\n" for name in kept).encode("utf-8", "surrogateescape")
-    not_listed = "".join(name + "\n" for name in unreadable).encode("utf-8", "surrogateescape")
+    listed = "".join(name + "\n" for name in found.files).encode("utf-8", "surrogateescape")
+    not_listed = "".join(f"{name}\t{why}\n" for name, why in found.skipped).encode("utf-8", "surrogateescape")
 
     def save_features(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: np.save adds no second .npy to the temporary's name
@@ -133,11 +131,11 @@ def cmd_embed(args: argparse.Namespace) -> None:
 
     # All written before any is replaced: a failure leaves the previous output as it was.
     atomic_write_all([(out, save_features), (files, lambda tmp: Path(tmp).write_bytes(listed)),
-                      *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if unreadable else [])])
-    if not unreadable:
-        skipped.unlink(missing_ok=True)  # it listed the previous output's unreadable files
+                      *([(skipped, lambda tmp: Path(tmp).write_bytes(not_listed))] if found.skipped else [])])
+    if not found.skipped:
+        skipped.unlink(missing_ok=True)  # it listed the previous output's unused files
     print(json.dumps({"out": str(out), "files": str(files), "num_images": feats.shape[0], "dim": feats.shape[1],
-                      "skipped": len(unreadable), **({"skipped_files": str(skipped)} if unreadable else {})}))
+                      "skipped": len(found.skipped), **({"skipped_files": str(skipped)} if found.skipped else {})}))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -169,8 +167,9 @@ def cmd_shard(args: argparse.Namespace) -> None:
         log.info("sharding %s/%s: %d images into %s", root, split, len(source), out)
         index = write_shards(source, out, max_count=args.max_count, max_bytes=int(args.max_mb * 2**20),
                              progress=sys.stderr.isatty())
-        result[split] = {"images": len(source) - len(index["skipped"]), "shards": len(index["shardlist"]),
-                         "out": str(out), "classes": len(source.classes or []), "skipped": len(index["skipped"])}
+        written = sum(entry["nsamples"] for entry in index["shardlist"])  # skipped also counts files that are not read
+        result[split] = {"images": written, "shards": len(index["shardlist"]), "out": str(out),
+                         "classes": len(source.classes or []), "skipped": len(index["skipped"])}
     print(json.dumps(result))
 
 

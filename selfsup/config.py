@@ -109,7 +109,14 @@ class DataConfig:
     dataset: str = "fashion_mnist"
     root: str | None = None
     train_split: str = "train"
-    eval_split: str = "test"
+    # The split evaluation tests on. auto: val, else test, else a stratified hold-out of the labelled images
+    # (selfsup.data.datasets.resolve_eval_split, fraction AUTO_HOLDOUT = 0.2); eval.holdout set wins. Runs saved
+    # before auto existed store test, and evaluate as before.
+    eval_split: Annotated[str, NonEmpty(example="auto, val or test")] = "auto"
+    # Labels of an imagefolder as a CSV of path,label rows (header optional; paths relative to data.root, or
+    # absolute; labels are class names). They label a subset of the folder's images: pretraining still reads every
+    # image, evaluation (and the kNN monitor) the labelled ones (selfsup.data.formats.label_csv).
+    labels: Annotated[str, NonEmpty(example="labels.csv")] | None = None
     image_size: ImageSide | None = None  # None keeps the stored size
     channels: Literal[1, 3] | None = None  # None keeps the stored channels
     fraction: Annotated[float, Range(gt=0, le=1)] = 1.0  # seeded subset of the pretraining split
@@ -125,6 +132,12 @@ class DataConfig:
     # (null or false); true reads what is there and warns with the number of samples lost. (null, not false, is
     # the default so that runs saved before this key existed still resume: their config has no such key.)
     allow_incomplete_shards: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.labels is not None and self.dataset != "imagefolder":
+            raise ConfigError(f"data.labels={self.labels} labels the images of a folder, but data.dataset is "
+                              f"{self.dataset}; set data.dataset=imagefolder (data.root: the folder), or set "
+                              f"data.labels=null ({self.dataset} has its own labels)")
 
 
 @dataclass

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from labelled_photos import labelled_run
 from selfsup.cli import main
 
 # accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
@@ -46,6 +48,12 @@ def last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def table_lines(err: str) -> list[str]:
+    """The score table `selfsup eval` prints at the end of stderr: from its header row (metric ...) on."""
+    lines = err.splitlines()
+    return lines[max(i for i, line in enumerate(lines) if line.startswith("metric ")):]
+
+
 def test_pretrain_writes_run_directory_and_eval_prints_json(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["pretrain", str(write_config(tmp_path)), f"trainer.out={run}"]) == 0
@@ -67,6 +75,35 @@ def test_pretrain_writes_run_directory_and_eval_prints_json(tmp_path, capsys):
                 "lowshot_1shot_mean", "lowshot_5shot_mean", "cluster_acc", "raw_cluster_nmi"):
         assert key in result, key
     assert result["raw_knn_top1"] > 90  # raw 8x8 digits are easy for kNN
+
+
+def test_eval_of_a_csv_labelled_folder_prints_a_table_on_stderr_and_the_json_alone_on_stdout(tmp_path, capsys):
+    """A flat folder, 30 of its 60 images labelled in a CSV: `eval all` on a hold-out (no val or test), the 50-shot
+    count dropped (10 labelled per class), a table per metric on stderr, one JSON line on stdout for scripts."""
+    run, _, labels = labelled_run(tmp_path, "eval.lowshot_shots=[1, 50]", "eval.lowshot_percents=[]")
+    capsys.readouterr()
+    assert main(["eval", "all", str(run), "--compare", "raw"]) == 0
+    captured = capsys.readouterr()
+    [line] = captured.out.splitlines()  # the JSON line alone
+    result = json.loads(line)
+    assert "lowshot_1shot_mean" in result and not [k for k in result if "50shot" in k]
+    header, *rows = table_lines(captured.err)
+    assert header.split() == ["metric", "backbone", "raw"]
+    cells = {row.split()[0]: row.split()[1:] for row in rows}
+    shown = [k for k in result if not k.startswith("raw_") and not k.endswith(("_lr", "_wd", "_splits"))]
+    assert list(cells) == shown  # every score a row; the chosen hyperparameters and per-split lists stay in the JSON
+    for key, (backbone, raw) in cells.items():
+        assert (backbone, raw) == (f"{result[key]:.2f}", f"{result['raw_' + key]:.2f}"), key
+
+    assert main(["eval", "knn", str(run)]) == 0  # without baselines: a table of one column
+    captured = capsys.readouterr()
+    top1 = json.loads(captured.out)["knn_top1"]
+    assert table_lines(captured.err) == [f"{'metric':<10}{'backbone':>12}", f"{'knn_top1':<10}{top1:>12.2f}",
+                                         f"{'knn_top5':<10}{json.loads(captured.out)['knn_top5']:>12.2f}"]
+    labels.write_text("img_00.png,red\nimg_01.png,green\nimg_02.png,blue\nimg_00.png,green\n")
+    assert main(["eval", "knn", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: data.labels: {labels} lines 1 and 4 give img_00.png two labels (red, green)" in err
 
 
 def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_images_size(tmp_path, capsys):
@@ -153,7 +190,7 @@ def test_corrupt_checkpoint_is_reported_not_overwritten(tmp_path, capsys):
     assert ckpt.read_bytes() == b"not a checkpoint"
 
 
-def test_embed_and_bench(tmp_path, capsys):
+def test_embed_and_bench(tmp_path, capsys, caplog):
     run = tmp_path / "run"
     cfg = write_config(tmp_path)
     assert main(["pretrain", str(cfg), f"trainer.out={run}", "trainer.epochs=0.5"]) == 0
@@ -163,12 +200,20 @@ def test_embed_and_bench(tmp_path, capsys):
     for i in range(5):
         Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(images / f"{i}.png")
     (images / "broken.jpg").write_bytes(b"garbage")
+    (images / "IMG_1.HEIC").write_bytes(b"a phone's photo")
     capsys.readouterr()
-    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the files not used are logged and listed, never a Python warning
         assert main(["embed", str(run), str(images), str(tmp_path / "out.npy")]) == 0
     summary = last_json(capsys)
     feats = np.load(tmp_path / "out.npy")
-    assert feats.shape == (5, 16) and summary["skipped"] == 1
+    assert feats.shape == (5, 16) and summary["skipped"] == 2
+    listed = (tmp_path / "out.skipped.txt").read_text().splitlines()
+    assert [line.split("\t")[0] for line in listed] == ["IMG_1.HEIC", "broken.jpg"]
+    assert listed[0].split("\t")[1].startswith("HEIC/HEIF is not read; convert it to JPEG")
+    assert listed[1].split("\t")[1] == "cannot decode (UnidentifiedImageError: cannot identify image file)"
+    assert f"skipped 1 file of 7 in {images}: IMG_1.HEIC: HEIC/HEIF is not read" in caplog.text
+    assert f"skipped 1 file in {images}: broken.jpg: cannot decode" in caplog.text
 
     assert main(["bench", str(cfg), "--steps", "2", "--warmup", "1"]) == 0
     b = last_json(capsys)

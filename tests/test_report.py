@@ -9,6 +9,7 @@ import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -48,13 +49,28 @@ stages:
 """
 
 
+UNLABELLED = """
+method: {name: vicreg, expander: [16, 16]}
+data: {dataset: imagefolder, image_size: 16, num_workers: 0}
+views:
+  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
+model:
+  backbone: resnet
+  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
+optim: {name: adamw, lr: 0.002}
+trainer: {max_steps: 3, batch_size: 16, log_every_steps: 1, progress: false}
+"""
+
+
 class Page(HTMLParser):
-    """Section ids, <img> sources, and every external reference (src/href/link/script) of a page."""
+    """Section ids, <img> sources (and the section of each), and every external reference (src/href/link/script)
+    of a page."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sections: list[str] = []
         self.images: list[str] = []
+        self.image_sections: list[str | None] = []
         self.external: list[str] = []
         self.text: list[str] = []
 
@@ -64,6 +80,7 @@ class Page(HTMLParser):
             self.sections.append(attrs.get("id"))
         if tag == "img":
             self.images.append(attrs.get("src") or "")
+            self.image_sections.append(self.sections[-1] if self.sections else None)
         if tag in ("script", "link", "iframe", "object", "embed"):
             self.external.append(f"<{tag}>")
         for key in ("src", "href"):
@@ -130,6 +147,38 @@ def test_report_of_a_staged_run_without_evaluations_and_without_its_data(tmp_pat
     page = parse(tmp_path / "nodata.html")
     assert page.sections == list(SECTIONS)
     assert "could not be read" in " ".join(page.text)
+
+
+def test_report_of_an_unlabelled_run_draws_every_section_that_needs_no_labels(tmp_path, capsys):
+    """A folder of loose photos (no class folders): samples and views, curves, eigenspectrum, an uncoloured map and
+    a retrieval grid by similarity alone; what labels would add is said once."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(40):  # two kinds of picture: dark and bright, with noise
+        base = 40 if i % 2 else 200
+        Image.fromarray((base + rng.integers(-30, 30, size=(20, 24, 3))).astype(np.uint8)).save(photos / f"{i}.png")
+    (tmp_path / "unlabelled.yaml").write_text(UNLABELLED)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tmp_path / "unlabelled.yaml"), f"trainer.out={run}", f"data.root={photos}"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(run), "--tsne", "20"]) == 0
+    page = parse(run / "report.html")
+    check_self_contained(page)
+    assert page.image_sections == ["data", "curves", "spectrum", "embedding-map", "retrieval"]
+    text = " ".join(page.text)
+    assert "could not be read" not in text
+    assert text.count("Labels would add") == 1 and "has no labels" in text
+    for expected in ("40 images, no labels", "2 x minimal", "effective rank", "PCA and t-SNE (20 points)",
+                     "6 query images", "34 training images' embeddings", "the cosine similarity above each",
+                     "no saved evaluation"):
+        assert expected in text, expected
+    for label_only in ("coloured by their label", "same label", "knn_top1"):
+        assert label_only not in text, label_only
+    # the map's points are drawn, in the one colour of an unlabelled map (#23395d)
+    src = page.images[page.image_sections.index("embedding-map")]
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("RGB")).astype(int)
+    assert (np.abs(pixels - [0x23, 0x39, 0x5D]).sum(axis=2) < 40).sum() > 34 * 4
 
 
 def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):

@@ -1,10 +1,11 @@
 """What every dataset format returns: :class:`ImageData` (a split in memory) or a :class:`DataError`,
-and the array helpers the formats share (seeded subsets, channel conversion, resizing)."""
+the array helpers the formats share (seeded subsets, channel conversion, resizing), and the one log line that
+names the files of a folder that were not used, each with its reason (:func:`report_skipped`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -12,19 +13,52 @@ import torch.nn.functional as F
 
 from selfsup.memory import check_fits
 
-__all__ = ["DataError", "ImageData", "MAX_LISTED", "convert_channels", "resize_images", "subset_indices", "take",
-           "warn_unreadable"]
+__all__ = ["DataError", "ImageData", "MAX_LISTED", "convert_channels", "report_decode_warnings", "report_skipped",
+           "resize_images", "skipped_line", "subset_indices", "take"]
 
-MAX_LISTED = 10  # file names quoted in one error or warning
+log = logging.getLogger("selfsup")
+
+MAX_LISTED = 10  # file names quoted in one error or log line
 _RESIZE_CHUNK = 512
 _LUMA = (0.299, 0.587, 0.114)
 
 
-def warn_unreadable(names: list[str], where: str, stacklevel: int = 2) -> None:
-    """One warning for the unreadable images left out: their number, ``where`` ("of 6", "in DIR"), the first names."""
-    more = f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else ""
-    warnings.warn(f"skipped {len(names)} unreadable images {where}: {', '.join(names[:MAX_LISTED])}{more}",
-                  stacklevel=stacklevel + 1)
+def skipped_line(skipped: Sequence[tuple[str, str]], where: str) -> str:
+    """One readable line for files left out: ``skipped N files WHERE: a.heic, b.heic: <reason>; c.jpg: <reason>``.
+
+    ``skipped`` holds ``(name, reason)`` pairs; files sharing a reason are named together, at most
+    :data:`MAX_LISTED` names in all ("and N more" says the rest); ``where`` is e.g. "of 20 in DIR"."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in skipped:
+        by_reason.setdefault(reason, []).append(name)
+    groups = list(by_reason.items())
+    parts, room = [], MAX_LISTED
+    for k, (reason, names) in enumerate(groups):
+        if room <= 0:
+            parts.append(f"{sum(len(n) for _, n in groups[k:])} more for other reasons")
+            break
+        more = f" and {len(names) - room} more" if len(names) > room else ""
+        parts.append(f"{', '.join(names[:room])}{more}: {reason}")
+        room -= len(names)
+    return f"skipped {len(skipped)} file{'s' if len(skipped) != 1 else ''} {where}: " + "; ".join(parts)
+
+
+def report_skipped(skipped: Sequence[tuple[str, str]], where: str) -> None:
+    """Log the files left out (see :func:`skipped_line`) as one warning of the ``selfsup`` logger, not a Python
+    warning (which would point at this library's source line instead of at the files)."""
+    if skipped:
+        log.warning("%s", skipped_line(skipped, where))
+
+
+def report_decode_warnings(notes: Sequence[tuple[str, str]], where: str) -> None:
+    """Log the warnings the image library gave while decoding files that were used (corrupt EXIF, a very large
+    image, ...) as one line: ``(name, warning)`` pairs, the first :data:`MAX_LISTED` quoted."""
+    if notes:
+        files = len({name for name, _ in notes})
+        quoted = "; ".join(f"{name}: {text}" for name, text in notes[:MAX_LISTED])
+        more = f"; and {len(notes) - MAX_LISTED} more" if len(notes) > MAX_LISTED else ""
+        log.warning("decoded %d file%s %s with warnings (the images were used): %s%s", files,
+                    "s" if files != 1 else "", where, quoted, more)
 
 
 class DataError(ValueError):
@@ -38,14 +72,15 @@ class ImageData:
     images: uint8 (N, C, H, W) with C in {1, 3}, contiguous.
     labels: int64 (N,), or None when the split has no labels.
     classes: class names indexed by label, or None.
-    skipped: paths (or ids) of unreadable images that were left out.
+    skipped: ``(path, reason)`` of each file of the split that was left out (not an image file this reads,
+        empty, or undecodable), for image folders and shards.
     paths: the file of each image (image folders), or None.
     """
 
     images: torch.Tensor
     labels: torch.Tensor | None
     classes: list[str] | None
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
     paths: list[str] | None = None
 
     def __post_init__(self) -> None:

@@ -9,10 +9,11 @@ full-resolution image (:func:`~selfsup.data.decode.decode_crops`, JPEG draft mod
 the photometric ops stay batched on the training device (:meth:`ViewGroup.from_crops`). The crop
 randomness of an image is seeded by ``(seed, step, position in the global batch)``, so it does not
 depend on which worker or process decodes it. An unreadable image is replaced by a seeded random
-other one and counted.
+other one and counted; the warnings a used image gives while decoding are logged once per file and process.
 
 Evaluation and the kNN monitor (:class:`StreamedSplit`): whole images resized and centre-cropped
-as the in-memory path does, in batches, unreadable ones left out and reported.
+as the in-memory path does, in batches, unreadable ones left out and reported. Either way, the files of the
+split that are not read (an image folder's other files) are logged, with their reasons, when it is opened.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from torch.utils.data import DataLoader, Dataset
 from selfsup.config import ConfigError, DataConfig
 from selfsup.data.augment import sample_crop_boxes
 from selfsup.data.datasets import STREAMABLE, load_dataset, open_images
-from selfsup.data.decode import Crop, ImageSource, decode_crops, decode_resized, image_mode
-from selfsup.data.imagedata import DataError, ImageData, subset_indices, warn_unreadable
+from selfsup.data.decode import (Crop, DecodeWarnings, ImageSource, decode_crops, decode_resized, image_mode,
+                                 unreadable_reason, unused_files)
+from selfsup.data.imagedata import DataError, ImageData, report_decode_warnings, report_skipped, subset_indices
 from selfsup.data.sampler import StepSampler
 from selfsup.data.views import CropSpec
 
@@ -51,11 +53,6 @@ MAX_REPLACEMENTS = 50
 def default_workers() -> int:
     """DataLoader worker processes when ``data.num_workers`` is null: one per CPU core, at most 8."""
     return max(1, min(8, os.cpu_count() or 1))
-
-
-def _why(err: Exception) -> str:
-    """An error in a few words (PIL names in-memory files by their repr, which says nothing)."""
-    return f"{type(err).__name__}: {str(err).split(' <_io.')[0]}"
 
 
 def crop_seed(seed: int, step: int, position: int) -> int:
@@ -116,13 +113,27 @@ class CropStream(Dataset):
             torch.manual_seed(crop_seed(self.seed, step, position))
             while True:
                 try:
-                    return index, decode_crops(self.source.open(index), self.mode, self._choose), unreadable
+                    return index, self._decode(index), unreadable
                 except Exception as err:  # any unreadable file is replaced and counted, never fatal
-                    unreadable.append(f"{self.source.name(index)} ({_why(err)})")
+                    unreadable.append(f"{self.source.name(index)} ({unreadable_reason(self.source, index, err)})")
                     if len(unreadable) > MAX_REPLACEMENTS:
                         raise DataError(f"{len(unreadable)} unreadable images in a row in {self.source.root} "
                                         f"(last: {unreadable[-1]}); check data.root") from err
                     index = int(torch.randint(len(self.source), ()))
+
+
+    def _decode(self, index: int) -> list[np.ndarray]:
+        name = self.source.name(index)
+        with DecodeWarnings() as caught, caught.file(name):
+            crops = decode_crops(self.source.open(index), self.mode, self._choose)
+        if caught.notes and name not in _WARNED:  # once per file and process: every epoch meets it again
+            _WARNED.add(name)
+            report_decode_warnings(caught.notes, f"in {self.source.root}")
+        return crops
+
+
+# Files whose decoding warnings this process has logged (CropStream).
+_WARNED: set[str] = set()
 
 
 def _collate_crops(items: list[tuple[int, list[np.ndarray], list[str]]]) -> CropBatch:
@@ -141,37 +152,50 @@ def crop_batches(source: ImageSource, sampler: StepSampler, specs: list[CropSpec
 
 
 class _Resized(Dataset):
+    """Item ``index`` -> ``(index, image or None, (name, reason) if unused, [(name, warning), ...])``."""
+
     def __init__(self, source: ImageSource, size: int, channels: int) -> None:
         self.source, self.size, self.mode = source, size, image_mode(channels)
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
-        try:
-            return index, decode_resized(self.source.open(index), self.size, self.mode), ""
-        except Exception as err:  # left out and reported by StreamedSplit
-            return index, None, f"{self.source.name(index)} ({_why(err)})"
+    def __getitem__(self, index: int,
+                    ) -> tuple[int, np.ndarray | None, tuple[str, str] | None, list[tuple[str, str]]]:
+        name = self.source.name(index)
+        with DecodeWarnings() as caught, caught.file(name):
+            try:
+                return index, decode_resized(self.source.open(index), self.size, self.mode), None, caught.notes
+            except Exception as err:  # left out and reported by StreamedSplit
+                return index, None, (name, unreadable_reason(self.source, index, err)), []
 
 
-def _collate_resized(items: list[tuple[int, np.ndarray | None, str]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def _collate_resized(items: list[tuple[int, np.ndarray | None, tuple[str, str] | None, list[tuple[str, str]]]],
+                     ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]], list[tuple[str, str]]]:
     ok = [it for it in items if it[1] is not None]
     images = (torch.from_numpy(np.ascontiguousarray(np.stack([it[1] for it in ok]).transpose(0, 3, 1, 2)))
               if ok else torch.empty(0, dtype=torch.uint8))
-    return images, torch.tensor([it[0] for it in ok], dtype=torch.long), [it[2] for it in items if it[1] is None]
+    return (images, torch.tensor([it[0] for it in ok], dtype=torch.long), [it[2] for it in items if it[1] is None],
+            [note for it in items for note in it[3]])
 
 
 class StreamedSplit:
     """A labelled (or unlabelled) split read from files on demand: the streaming counterpart of ``ImageData``.
 
     :meth:`batches` yields uint8 (B, C, size, size) centre crops; :meth:`pixels` decodes a subset.
-    Unreadable files are left out; after a full pass ``readable`` marks the rows that were decoded.
+    The split's files that are not read are logged when it is opened; unreadable files are left out and
+    logged, once per split; after a full pass ``readable`` marks the rows that were decoded and ``skipped``
+    holds ``(name, reason)`` of every file not used (not read, then unreadable).
     """
 
     def __init__(self, source: ImageSource, image_size: int, channels: int, workers: int) -> None:
         self.source, self.image_size, self.channels, self.workers = source, image_size, channels, workers
         self.labels = None if source.labels is None else torch.from_numpy(source.labels)
         self.readable = torch.ones(len(source), dtype=torch.bool)
+        self.unused = unused_files(source)
+        self.skipped: list[tuple[str, str]] = list(self.unused)
+        self._reported: set[tuple[str, str]] = set()
+        report_skipped(self.unused, f"of {len(source) + len(self.unused)} in {source.root}")
 
     def __len__(self) -> int:
         return len(self.source)
@@ -184,28 +208,33 @@ class StreamedSplit:
 
     def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every image in order as (uint8 images, their row numbers); unreadable rows are left out and reported."""
-        seen, unreadable = torch.zeros(len(self.source), dtype=torch.bool), []
-        for images, rows, bad in self._loader(None, batch_size):
+        seen, unreadable, notes = torch.zeros(len(self.source), dtype=torch.bool), [], []
+        for images, rows, bad, warned in self._loader(None, batch_size):
             seen[rows] = True
             unreadable.extend(bad)
+            notes.extend(warned)
             yield images, rows
         self.readable = seen
-        if unreadable:
-            self._report(unreadable)
+        self.skipped = self.unused + unreadable
+        self._report(unreadable, notes)
 
     def pixels(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoded images at ``indices`` and the indices that were readable: uint8 (n, C, size, size), (n,)."""
-        out, kept, unreadable = [], [], []
-        for images, rows, bad in self._loader(indices.tolist(), 256):
+        out, kept, unreadable, notes = [], [], [], []
+        for images, rows, bad, warned in self._loader(indices.tolist(), 256):
             out.append(images)
             kept.append(rows)
             unreadable.extend(bad)
-        if unreadable:
-            self._report(unreadable)
+            notes.extend(warned)
+        self._report(unreadable, notes)
         return torch.cat(out), torch.cat(kept)
 
-    def _report(self, unreadable: list[str]) -> None:
-        warn_unreadable(unreadable, f"in {self.source.root}", stacklevel=3)
+    def _report(self, unreadable: list[tuple[str, str]], notes: list[tuple[str, str]]) -> None:
+        """Log the unreadable files and the decoding warnings not logged before (a split read again, e.g. by the kNN
+        monitor, logs nothing new)."""
+        report_skipped([u for u in unreadable if u not in self._reported], f"in {self.source.root}")
+        report_decode_warnings([n for n in notes if n not in self._reported], f"in {self.source.root}")
+        self._reported.update(unreadable, notes)
 
 
 class SubsetSource:
@@ -215,6 +244,9 @@ class SubsetSource:
         self.source, self.rows = source, rows.numpy()
         self.root, self.classes = source.root, source.classes
         self.labels = None if source.labels is None else source.labels[self.rows]
+
+    def unused(self) -> list[tuple[str, str]]:
+        return unused_files(self.source)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -255,20 +287,25 @@ def split_size(d: DataConfig, split: str, fraction: float = 1.0) -> int:
 
 
 def open_split(d: DataConfig, split: str, image_size: int | None = None, channels: int | None = None,
-               fraction: float = 1.0, progress: bool = True) -> ImageData | StreamedSplit:
+               fraction: float = 1.0, progress: bool = True, labelled: bool = False) -> ImageData | StreamedSplit:
     """A split as the config asks: decoded into memory (:class:`ImageData`), or listed for streaming.
 
     ``data.stream``: true streams (image folders and shards only), false decodes into memory, auto streams
     when the decoded split would exceed :data:`STREAM_ABOVE_BYTES`. Streaming needs the output size
     (``image_size``, default ``data.image_size``); channels default to 3. One log line says which path runs.
+    ``labelled`` (evaluation, the kNN monitor): with ``data.labels``, the split's images that the CSV labels, those
+    of the evaluation splits' folders (val, test, ``data.eval_split``) held out of the training split; without it
+    (pretraining) every image, as without a CSV.
     """
     image_size = image_size or d.image_size
+    labels = d.labels if labelled else None
+    eval_splits = tuple(dict.fromkeys(s for s in ("val", "test", d.eval_split) if s != "auto"))
     stream = d.stream
     if stream is True and d.dataset not in STREAMABLE:
         raise ConfigError(f"data.stream=true: {d.dataset} is not a dataset of image files (streamable: "
                           f"{', '.join(STREAMABLE)}); set data.stream=false or auto")
     if stream and d.dataset in STREAMABLE:
-        source = open_images(d.dataset, split, d.root, bool(d.allow_incomplete_shards))
+        source = open_images(d.dataset, split, d.root, bool(d.allow_incomplete_shards), labels, eval_splits)
         if fraction < 1:
             source = SubsetSource(source, subset_indices(len(source), fraction, d.fraction_seed))
         decoded = len(source) * (channels or 3) * (image_size or 0) ** 2
@@ -282,7 +319,8 @@ def open_split(d: DataConfig, split: str, image_size: int | None = None, channel
                      f", {decoded / 2**30:.1f} GiB decoded > {STREAM_ABOVE_BYTES / 2**30:.0f} GiB", workers)
             return StreamedSplit(source, image_size, channels or 3, workers)
     data = load_dataset(d.dataset, split, root=d.root, image_size=image_size, channels=channels, fraction=fraction,
-                        seed=d.fraction_seed, progress=progress, allow_incomplete_shards=bool(d.allow_incomplete_shards))
+                        seed=d.fraction_seed, progress=progress, allow_incomplete_shards=bool(d.allow_incomplete_shards),
+                        labels=labels, eval_splits=eval_splits)
     log.info("data: %s/%s in memory (%d images %dx%dx%d)", d.dataset, split, len(data), *data.images.shape[1:])
     return data
 

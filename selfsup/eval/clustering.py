@@ -16,9 +16,9 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, normalized_mutual_info_score
-from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
+from selfsup.progress import track
 
 MINIBATCH_THRESHOLD = 20_000
 """Above this many samples each restart is a MiniBatchKMeans run (what MAE-CT uses on ImageNet
@@ -63,7 +63,7 @@ def _lowest_inertia(x: np.ndarray, num_clusters: int, n_init: int, seed: int, pr
     exactly ``KMeans(n_init=n_init, random_state=seed)``), or MiniBatchKMeans above the threshold."""
     best_inertia, best_assign = np.inf, None
     stream = np.random.RandomState(seed)
-    for i in tqdm(range(n_init), desc="k-means restarts", unit="fit", disable=not progress, leave=False):
+    for i in track(range(n_init), "k-means restarts", unit="fits", enabled=progress, leave=False):
         if x.shape[0] > MINIBATCH_THRESHOLD:
             km = MiniBatchKMeans(n_clusters=num_clusters, n_init=1, random_state=seed + i, batch_size=4096).fit(x)
         else:

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from selfsup.progress import track
+
 ArrayLike = torch.Tensor | np.ndarray
 
 
@@ -155,9 +157,7 @@ def extract_features(
     modes = {module: module.training for module in model.modules()}
     out: torch.Tensor | None = None
     if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, total=-(-num_images // batch_size), desc="features", unit="batch")
+        batches = track(batches, "features", total=-(-num_images // batch_size), unit="batches")
     model.eval()
     try:
         with torch.inference_mode():
@@ -180,6 +180,8 @@ def extract_features(
     finally:
         for module, mode in modes.items():
             module.training = mode
+        if progress:
+            batches.close()  # the bar ends here, also on error
     if out is None:
         raise ValueError("no image could be read: every batch was empty")
     return out

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from selfsup.eval.knn import topk_accuracy
 from selfsup.eval.lowshot import lowshot_splits, percent_split
+from selfsup.progress import Progress
 from selfsup.train.optim import parameter_groups
 from selfsup.train.schedules import cosine_schedule
 
@@ -78,7 +78,7 @@ def finetune(backbone: nn.Module, train_images: torch.Tensor, train_labels: torc
     total = epochs * steps_per_epoch
     schedule = cosine_schedule(lr, 0.0, total, warmup_steps=int(round(warmup_fraction * total)))
     step = 0
-    bar = tqdm(total=total, desc="fine-tuning", unit="step", disable=not progress)
+    bar = Progress("fine-tuning", total, unit="steps", enabled=progress)
     for _ in range(epochs):
         backbone.train()
         order = torch.randperm(len(train_images), generator=generator)
@@ -92,7 +92,7 @@ def finetune(backbone: nn.Module, train_images: torch.Tensor, train_labels: torc
             loss.backward()
             optimizer.step()
             step += 1
-            bar.update(1)
+            bar.advance()
             if not math.isfinite(loss.item()):
                 raise FloatingPointError(f"fine-tuning loss is {loss.item()} at step {step}; lower eval.finetune_lr")
     bar.close()

@@ -25,10 +25,10 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_pair, as_feature_tensor, as_label_tensor
 from selfsup.eval.knn import topk_accuracy
+from selfsup.progress import track
 
 Normalization = Literal["standardize", "l2", "none"]
 _NORMALIZATIONS = ("standardize", "l2", "none")
@@ -107,7 +107,7 @@ def _train_heads(
     generator = torch.Generator().manual_seed(seed)
     total = epochs * math.ceil(num / batch_size)
     step = 0
-    for _ in tqdm(range(epochs), desc=progress, unit="epoch", disable=progress is None, leave=False):
+    for _ in track(range(epochs), progress or "", unit="epochs", enabled=progress is not None, leave=False):
         order = torch.randperm(num, generator=generator).to(device)
         epoch_labels = labels[order]
         for start in range(0, num, batch_size):

@@ -22,9 +22,9 @@ from typing import Sequence
 import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
-from tqdm.auto import tqdm
 
 from selfsup.eval.features import ArrayLike, as_feature_tensor, as_label_tensor
+from selfsup.progress import Progress
 
 MSN_LAMBD = 2.5e-4
 DEFAULT_C = 1.0 / MSN_LAMBD
@@ -147,13 +147,12 @@ def lowshot_logistic(
         (f"{p:g}pct", [percent_split(train_y, p, seed + i) for i in range(num_splits)]) for p in percents
     ]
     result: dict[str, float | list[float]] = {}
-    bar = tqdm(total=sum(len(s) for _, s in settings), desc="low-shot fits", unit="fit", disable=not progress,
-               leave=False)
-    for prefix, splits in settings:
-        accs = []
-        for idx in splits:
-            accs.append(_fit_and_score(train_np[idx], train_y[idx], test_np, test_y, C, max_iter))
-            bar.update()
-        result.update(_summary(prefix, accs))
-    bar.close()
+    with Progress("low-shot fits", sum(len(s) for _, s in settings), unit="fits", enabled=progress,
+                  leave=False) as bar:
+        for prefix, splits in settings:
+            accs = []
+            for idx in splits:
+                accs.append(_fit_and_score(train_np[idx], train_y[idx], test_np, test_y, C, max_iter))
+                bar.advance()
+            result.update(_summary(prefix, accs))
     return result

@@ -6,6 +6,7 @@ never imports a training method.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,10 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import Config, ConfigError, check_method_sections, deep_merge, from_dict, load_yaml, parse_overrides
+from selfsup.config import (Config, ConfigError, DataConfig, check_method_sections, deep_merge, from_dict, load_yaml,
+                            parse_overrides)
 from selfsup.data.augment import Augment, augment_config
+from selfsup.data.datasets import EvalSplit, resolve_eval_split
 from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval.clustering import kmeans_cluster
@@ -38,6 +41,8 @@ class Features:
     train_labels: torch.Tensor
     test: torch.Tensor
     test_labels: torch.Tensor
+    # eval.lowshot_shots that every class of the labelled training set fills (None: not checked)
+    lowshot_shots: list[int] | None = None
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -67,18 +72,48 @@ def device_for(name: str | None = None) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def labelled_splits(cfg: Config, image_size: int | None, channels: int | None,
-                    progress: bool) -> tuple[str, list[ImageData | StreamedSplit]]:
+def evaluation_split(cfg: Config) -> EvalSplit:
+    """The split evaluation tests on, or the hold-out fraction of the labelled training split (``data.eval_split``
+    with ``auto`` resolved, ``eval.holdout`` winning): :func:`~selfsup.data.datasets.resolve_eval_split`."""
+    return resolve_eval_split(cfg.data, cfg.eval.holdout)
+
+
+def labelled_train_split(d: DataConfig) -> str:
+    """The training split whose labels evaluation reads: ``data.train_split``, but ``train`` for STL-10's unlabelled
+    pretraining splits."""
+    return d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
+
+
+def holdout_rows(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (fit, held-out) rows of a labelled split: ``stratified_holdout``, with too few images to hold any out a
+    ConfigError naming the fix (a traceback before: every class keeps one image to fit)."""
+    try:
+        fit, held_out = stratified_holdout(labels.numpy(), fraction, seed)
+    except ValueError as err:
+        raise ConfigError(f"a hold-out of {fraction * 100:g}% of the {len(labels)} labelled training images leaves "
+                          f"none to test on (each class keeps at least one to fit); label more images, set "
+                          f"eval.holdout to a larger fraction (e.g. 0.5), or name an evaluation split "
+                          f"(data.eval_split=val)") from err
+    return torch.from_numpy(fit), torch.from_numpy(held_out)
+
+
+def labelled_splits(cfg: Config, image_size: int | None, channels: int | None, progress: bool,
+                    choice: EvalSplit | None = None) -> tuple[str, list[ImageData | StreamedSplit]]:
     """The labelled training split's name, and the splits evaluation reads: [train, eval], or [train] alone
-    with ``eval.holdout`` (the held-out part then comes out of the training split)."""
+    for a hold-out (``eval.holdout``, or ``data.eval_split=auto`` without val or test: the held-out part then
+    comes out of the training split). ``choice``: :func:`evaluation_split`, resolved here when None; one log line
+    says which. With ``data.labels``, the splits are the CSV's labelled images."""
     d = cfg.data
-    train_split = d.train_split if d.train_split not in ("unlabeled", "train+unlabeled") else "train"
+    choice = choice or evaluation_split(cfg)
+    log.info("%s", choice.why)
+    train_split = labelled_train_split(d)
     splits = []
-    for split in (train_split,) if cfg.eval.holdout is not None else (train_split, d.eval_split):
-        data = open_split(d, split, image_size=image_size, channels=channels, progress=progress)
+    for split in (train_split,) if choice.name is None else (train_split, choice.name):
+        data = open_split(d, split, image_size=image_size, channels=channels, progress=progress, labelled=True)
         if data.labels is None:
-            raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval splits "
-                              f"(set data.train_split / data.eval_split)")
+            hint = " (class folders, or data.labels=CSV of path,label rows)" if d.dataset == "imagefolder" else ""
+            raise ConfigError(f"{d.dataset}/{split} has no labels; evaluation needs labelled train and eval "
+                              f"splits{hint} (set data.train_split / data.eval_split)")
         classes = torch.unique(data.labels)
         if len(classes) < 2:
             raise ConfigError(f"{d.dataset}/{split} holds images of {len(classes)} class only; kNN, linear, low-shot "
@@ -100,35 +135,50 @@ def first_view_augment(cfg: Config, size: int, mean: tuple | None, std: tuple | 
     return Augment(aug_cfg).to(device)
 
 
-def check_shots(cfg: Config, labels: torch.Tensor, split: str) -> None:
-    """Every class of the labelled training set (``labels``, after ``eval.holdout``) holds at least the largest of
-    ``eval.lowshot_shots`` images: checked once the labels are read, before any feature is extracted."""
-    shots = max(cfg.eval.lowshot_shots, default=0)
-    classes, counts = torch.unique(labels, return_counts=True)
-    short = {int(c): int(n) for c, n in zip(classes, counts) if n < shots}
-    if short:
-        fewest = min(short.values())
-        example = [k for k in (1, 2, 5, 10) if k <= fewest] or [fewest]
-        raise ConfigError(f"bad value for eval.lowshot_shots: {cfg.eval.lowshot_shots}; {shots}-shot splits need "
-                          f"{shots} labelled images of every class, but {len(short)} class(es) of the labelled "
-                          f"{split} split have fewer (class: count {dict(list(short.items())[:5])}); use shots of "
-                          f"at most {fewest}, e.g. eval.lowshot_shots={example}")
+def lowshot_shots(cfg: Config, labels: torch.Tensor, split: str, classes: list[str] | None = None,
+                  alone: bool = False) -> list[int]:
+    """The counts of ``eval.lowshot_shots`` that every class of the labelled training set (``labels``, after a
+    hold-out) can fill: checked once the labels are read, before any feature is extracted. A count that the
+    smallest class cannot fill is dropped with one log line naming the class and its size. ``alone`` (low-shot is
+    all that was asked): nothing left of low-shot (no count, no ``eval.lowshot_percents``) is a ConfigError."""
+    shots = cfg.eval.lowshot_shots
+    ids, counts = torch.unique(labels, return_counts=True)
+    fewest = int(counts.min())
+    smallest = int(ids[counts.argmin()])
+    name = classes[smallest] if classes and 0 <= smallest < len(classes) else str(smallest)
+    kept, dropped = [k for k in shots if k <= fewest], [k for k in shots if k > fewest]
+    if not dropped:
+        return kept
+    counts_text = ", ".join(f"{k}-shot" for k in dropped)
+    why = f"the smallest class of the labelled {split} split, {name!r}, has {fewest} image{'s' * (fewest != 1)}"
+    if not kept and not cfg.eval.lowshot_percents and alone:
+        example = [k for k in (1, 2, 5, 10) if k <= fewest]
+        raise ConfigError(f"bad value for eval.lowshot_shots: {shots}; {max(shots)}-shot splits need {max(shots)} "
+                          f"labelled images of every class, but {why}; use shots of at most {fewest}, e.g. "
+                          f"eval.lowshot_shots={example}")
+    left = [f"{k}-shot" for k in kept] + [f"{p:g}%" for p in cfg.eval.lowshot_percents]
+    log.info("eval lowshot: %s dropped: %s (low-shot runs %s)", counts_text, why,
+             ", ".join(left) if left else "nothing: skipped")
+    return kept
 
 
 def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", progress: bool = True,
-                     views: int = 1, lowshot: bool = False) -> Features:
+                     views: int = 1, lowshot: bool = False, lowshot_alone: bool = False) -> Features:
     """Features of the labelled train and eval splits: backbone output, raw pixels, or a random-init backbone.
 
     ``views > 1``: each image's feature is the mean over the clean image and ``views - 1`` copies
     augmented with the run's first view spec (``views.0``: preset and overrides, at the stored
     image size), for both splits (Ghosh et al. 2024's probe; see ``extract_view_averaged_features``).
-    ``lowshot``: check ``eval.lowshot_shots`` against the labels (:func:`check_shots`) before extracting.
+    ``lowshot``: check ``eval.lowshot_shots`` against the labels (:func:`lowshot_shots`) before extracting; the
+    counts kept are the result's ``lowshot_shots`` (``lowshot_alone``: low-shot is the only evaluation asked).
+    The test features are those of the evaluation split, or of a hold-out (:func:`evaluation_split`).
     """
     if isinstance(views, bool) or not isinstance(views, int) or views < 1:
         raise ConfigError(f"bad value for eval.linear_views: {views!r}; use 1 (plain features) or more "
                           f"(views averaged per image; Ghosh et al. 2024 use 16)")
     d = cfg.data
-    holdout = cfg.eval.holdout  # checked by EvalConfig
+    choice = evaluation_split(cfg)
+    holdout = choice.holdout  # eval.holdout's (checked by EvalConfig) or auto's
     device = device_for()
     # The backbone first (a bad export fails before any data is read); images are read as it was trained:
     # with the channels and size recorded in backbone.json.
@@ -139,12 +189,14 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     elif (Path(run_dir) / "backbone.json").is_file():
         meta = read_backbone_meta(run_dir)
     channels, image_size = (meta["channels"], meta["image_size"]) if meta else (d.channels, d.image_size)
-    train_split, splits = labelled_splits(cfg, image_size, channels, progress)
+    train_split, splits = labelled_splits(cfg, image_size, channels, progress, choice)
     train = splits[0]
+    shots = None
     if lowshot:
         labels = train.labels if holdout is None else \
-            train.labels[torch.from_numpy(stratified_holdout(train.labels.numpy(), holdout, cfg.eval.seed)[0])]
-        check_shots(cfg, labels, train_split)
+            train.labels[holdout_rows(train.labels, holdout, cfg.eval.seed)[0]]
+        classes = getattr(train, "classes", None) or getattr(getattr(train, "source", None), "classes", None)
+        shots = lowshot_shots(cfg, labels, train_split, classes, alone=lowshot_alone)
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
     else:
@@ -171,12 +223,12 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
         return feats, split.labels
 
     if holdout is None:
-        return Features(*embed(train), *embed(splits[1]))
+        return Features(*embed(train), *embed(splits[1]), shots)
     feats, labels = embed(train)
-    fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(labels.numpy(), holdout, cfg.eval.seed))
-    log.info("eval.holdout=%s: evaluating on %d held-out %s images, %d labelled for training", holdout,
+    fit, held_out = holdout_rows(labels, holdout, cfg.eval.seed)
+    log.info("hold-out %s: evaluating on %d held-out %s images, %d labelled for training", holdout,
              len(held_out), train_split, len(fit))
-    return Features(feats[fit], labels[fit], feats[held_out], labels[held_out])
+    return Features(feats[fit], labels[fit], feats[held_out], labels[held_out], shots)
 
 
 def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) -> dict[str, float]:
@@ -193,7 +245,8 @@ def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) ->
         return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
                 "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}
     if kind == "lowshot":
-        r = lowshot_logistic(feats.train, feats.train_labels, feats.test, feats.test_labels, shots=e.lowshot_shots,
+        shots = e.lowshot_shots if feats.lowshot_shots is None else feats.lowshot_shots
+        r = lowshot_logistic(feats.train, feats.train_labels, feats.test, feats.test_labels, shots=shots,
                              percents=e.lowshot_percents, num_splits=e.lowshot_splits, seed=e.seed, progress=progress)
         return {f"lowshot_{k}": v for k, v in r.items()}
     if kind == "cluster":
@@ -217,16 +270,17 @@ def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progre
     accepts = inspect.signature(BACKBONES[meta["backbone"]]).parameters
     extra = {"drop_path_rate": e.finetune_drop_path} if "drop_path_rate" in accepts else {}
     model, meta = load_backbone(run_dir, random_init=baseline == "random", extra_params=extra)
-    train_split, splits = labelled_splits(cfg, meta["image_size"], meta["channels"], progress)
+    choice = evaluation_split(cfg)
+    train_split, splits = labelled_splits(cfg, meta["image_size"], meta["channels"], progress, choice)
     if any(isinstance(data, StreamedSplit) for data in splits):
         raise ConfigError(f"fine-tuning reads {cfg.data.dataset} in memory; set data.stream=false (a split this "
                           f"large is fine-tuned with the pretraining engine, not this evaluation)")
     train = splits[0]
-    if e.holdout is None:
+    if choice.holdout is None:
         test_images, test_labels = splits[1].images, splits[1].labels
         fit = torch.arange(len(train))
     else:
-        fit, held_out = (torch.from_numpy(i) for i in stratified_holdout(train.labels.numpy(), e.holdout, e.seed))
+        fit, held_out = holdout_rows(train.labels, choice.holdout, e.seed)
         test_images, test_labels = train.images[held_out], train.labels[held_out]
     try:
         subset = labelled_subset(train.labels[fit].numpy(), e.finetune_fraction, e.finetune_per_class, e.seed)
@@ -254,7 +308,9 @@ def run_finetune(run_dir: Path, cfg: Config, baseline: Baseline = "none", progre
 def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baseline = "none",
                  progress: bool = True) -> dict[str, float]:
     """Run the evaluations ``kinds`` on one backbone (or baseline); the linear probe reads features
-    averaged over ``eval.linear_views`` views, the others plain features (each set computed once)."""
+    averaged over ``eval.linear_views`` views, the others plain features (each set computed once).
+    Low-shot runs the shot counts that every class fills (:func:`lowshot_shots`); with none left and no
+    ``eval.lowshot_percents``, it is skipped (an error when it is the only evaluation asked)."""
     features: dict[int, Features] = {}
     result: dict[str, float] = {}
     lowshot = "lowshot" in kinds  # checked with the first features, before any work
@@ -264,7 +320,13 @@ def evaluate_run(run_dir: Path, cfg: Config, kinds: list[str], baseline: Baselin
         if views not in features:
             log.info("features: %s%s", name, f" (mean over {views} views)" if views > 1 else "")
             features[views] = compute_features(run_dir, cfg, baseline=baseline, progress=progress, views=views,
-                                               lowshot=lowshot and not features)
+                                               lowshot=lowshot and not features, lowshot_alone=kinds == ["lowshot"])
+        feats = features[views]
+        if kind == "lowshot":
+            shots = next(iter(features.values())).lowshot_shots  # checked with the first features
+            if not shots and not cfg.eval.lowshot_percents:
+                continue  # nothing left of it (lowshot_shots said so)
+            feats = dataclasses.replace(feats, lowshot_shots=shots)
         log.info("eval %s (%s)", kind, name)
-        result.update(evaluate(kind, features[views], cfg, progress=progress))
+        result.update(evaluate(kind, feats, cfg, progress=progress))
     return result

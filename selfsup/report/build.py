@@ -8,6 +8,10 @@ covariance, beside a random network and raw pixels; the training-time spectra of
 (the method's own PNGs in ``plots/``), ``embedding-map`` (PCA and t-SNE of the embeddings coloured by label),
 ``retrieval`` (query images and their nearest training images) and ``stages`` (each stage of a staged run).
 
+A run whose training split has no labels (a folder of loose photos) gets every section that needs none: the map in
+one colour, retrieval by similarity alone, and one note in ``data`` saying what labels would add (class colours,
+the report's kNN, same-class marks).
+
 Images are PNGs drawn with matplotlib and inlined as base64 ``data:`` URIs; the page has no external CSS or
 JavaScript and opens without a network.
 """
@@ -258,18 +262,19 @@ class _Sample:
     def __init__(self, run_dir: Path, meta: dict[str, Any], overrides: list[str], max_train: int, max_query: int,
                  progress: bool) -> None:
         from selfsup.data.stream import pixels_and_labels
-        from selfsup.eval.run import labelled_splits, run_config
+        from selfsup.eval.run import evaluation_split, labelled_splits, run_config
 
         self.cfg = run_config(run_dir, overrides)
-        self.train_split, splits = labelled_splits(self.cfg, meta["image_size"], meta["channels"], progress)
+        choice = evaluation_split(self.cfg)  # as `selfsup eval` resolves data.eval_split
+        self.train_split, splits = labelled_splits(self.cfg, meta["image_size"], meta["channels"], progress, choice)
         generator = torch.Generator().manual_seed(self.cfg.eval.seed)
         train = splits[0]
         order = torch.randperm(len(train), generator=generator)
         if len(splits) > 1:
-            self.query_split = self.cfg.data.eval_split
+            self.query_split = choice.name
             train_idx = order[:max_train].sort().values
             query_source, query_idx = splits[1], torch.randperm(len(splits[1]), generator=generator)[:max_query]
-        else:  # eval.holdout: queries and gallery are disjoint parts of the training split
+        else:  # a hold-out: queries and gallery are disjoint parts of the training split
             self.query_split = f"{self.train_split} (held out)"
             query_idx, train_idx = order[:max_query], order[max_query:max_query + max_train].sort().values
             query_source = train
@@ -280,6 +285,61 @@ class _Sample:
 
     def name(self, label: int) -> str:
         return str(self.classes[label]) if self.classes and 0 <= label < len(self.classes) else str(label)
+
+    # Set by _UnlabelledSample: why there are no labels, said once on the page (None: the sample is labelled).
+    labels_note: str | None = None
+
+
+class _UnlabelledSample(_Sample):
+    """A seeded sample of a training split without labels (e.g. a folder of loose photos): the first
+    ``min(max_query, 6, n // 2)`` images of a seeded order are the retrieval queries, the next ``max_train`` the gallery
+    of the retrieval grid, the maps and the spectra; the label tensors are None. The split is listed for streaming
+    where the dataset allows, so only the sampled images are decoded."""
+
+    def __init__(self, cfg: Any, train: Any, max_train: int, max_query: int, why: str) -> None:
+        from selfsup.data.stream import pixels_and_labels
+
+        self.cfg, self.train_split, self.classes = cfg, cfg.data.train_split, None
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.eval.seed))
+        queries = min(max_query, _QUERIES, len(train) // 2)
+        self.query_split = f"{self.train_split} (held out of the sample)"
+        gallery = order[queries:queries + max_train].sort().values
+        self.train_images, self.train_labels = pixels_and_labels(train, gallery)
+        self.query_images, self.query_labels = pixels_and_labels(train, order[:queries].sort().values)
+        self.train_size, self.query_size = len(train), len(train)
+        self.labels_note = f"This run's data has no labels ({why}). Labels would add the class colours of the " \
+                           f"embedding map, a kNN accuracy in the evaluation and the same-class marks of the " \
+                           f"retrieval grid; every other section is drawn without them."
+
+    @staticmethod
+    def open_training_split(cfg: Any, meta: dict[str, Any], progress: bool) -> Any | None:
+        """The run's pretraining split (``data.train_split``) when it has no labels; None when it has."""
+        import dataclasses
+
+        from selfsup.data.datasets import STREAMABLE
+        from selfsup.data.stream import open_split
+
+        d = dataclasses.replace(cfg.data, stream=True) if cfg.data.dataset in STREAMABLE else cfg.data
+        train = open_split(d, d.train_split, image_size=meta["image_size"], channels=meta["channels"],
+                           progress=progress)
+        return train if train.labels is None else None
+
+
+def _read_sample(run_dir: Path, meta: dict[str, Any], overrides: list[str], max_train: int, max_query: int,
+                 progress: bool) -> _Sample:
+    """The labelled sample (:class:`_Sample`); when the labelled splits cannot be read because the run's training
+    split has no labels, an :class:`_UnlabelledSample` of that split (any other error is raised)."""
+    from selfsup.config import ConfigError
+    from selfsup.eval.run import run_config
+
+    try:
+        return _Sample(run_dir, meta, overrides, max_train, max_query, progress)
+    except ConfigError as err:
+        cfg = run_config(run_dir, overrides)
+        train = _UnlabelledSample.open_training_split(cfg, meta, progress)
+        if train is None:
+            raise
+        return _UnlabelledSample(cfg, train, max_train, max_query, " ".join(str(err).split()))
 
 
 def _features(run_dir: Path, images: torch.Tensor, random_init: bool = False) -> torch.Tensor:
@@ -294,13 +354,18 @@ def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
     from selfsup.data.augment import Augment, augment_config
 
     d = sample.cfg.data
+    labelled = sample.labels_note is None
+    evaluation = f"{sample.query_split}: {sample.query_size} images" if labelled else \
+        f"none: the {len(sample.query_images)} retrieval queries are held out of the training sample"
     facts = [("dataset", _esc(d.dataset)), ("root", _esc(d.root or "(default)")),
-             ("training split", _esc(f"{sample.train_split}: {sample.train_size} labelled images"
+             ("training split", _esc(f"{sample.train_split}: {sample.train_size} "
+                                     + ("labelled images" if labelled else "images, no labels")
                                      + (f", a fraction {d.fraction} trained on" if d.fraction < 1 else ""))),
-             ("evaluation split", _esc(f"{sample.query_split}: {sample.query_size} images")),
+             ("evaluation split", _esc(evaluation)),
              ("image size, channels", _esc(f"{meta['image_size']} px, {meta['channels']}")),
              ("normalisation", _esc(f"mean {meta['mean']}, std {meta['std']}")),
-             ("classes", _esc(", ".join(map(str, sample.classes)) if sample.classes else "unnamed")),
+             ("classes", _esc(", ".join(map(str, sample.classes)) if sample.classes else
+                              "unnamed" if labelled else "none (no labels)")),
              ("views", _esc("; ".join(f"{v.num} x {v.preset}" + (f" at {v.size} px" if v.size else "")
                                       + (f" {v.params}" if v.params else "") for v in sample.cfg.views)))]
     count = min(12, len(sample.train_images))
@@ -324,11 +389,12 @@ def _data_section(sample: _Sample, meta: dict[str, Any]) -> str:
             ax.imshow(array, interpolation="nearest", **kw)
             ax.set_xticks([])
             ax.set_yticks([])
-            if r == 0:
+            if r == 0 and labelled:
                 ax.set_title(sample.name(int(sample.train_labels[shown[c]])), fontsize=8)
         axes[r, 0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
     fig.tight_layout()
-    return _facts(facts) + "<h3>Training images and the views the method saw</h3>" \
+    return (_note(sample.labels_note) if sample.labels_note else "") + _facts(facts) \
+        + "<h3>Training images and the views the method saw</h3>" \
         + _img(_figure_uri(fig), "training images and augmented views")
 
 
@@ -386,7 +452,9 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
     from sklearn.manifold import TSNE
 
     x = feats.numpy().astype(np.float64)
-    labels = sample.train_labels.numpy()
+    if len(x) < 3:
+        return _note(f"{len(x)} training image(s) in the sample: too few for a map")
+    labels = None if sample.train_labels is None else sample.train_labels.numpy()
     maps = [("PCA", PCA(n_components=2, random_state=0).fit_transform(x))]
     tsne_n = min(len(x), tsne_points)
     if tsne_n >= 10:  # the first points of a seeded sample: a seeded subset
@@ -396,19 +464,22 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
     fig, axes = _subplots(1, len(maps), figsize=(5.4 * len(maps), 4.6), squeeze=False)
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if labels.max() < 10 else "tab20"]
-    classes = np.unique(labels)
+    cmap = colormaps["tab10" if labels is None or labels.max() < 10 else "tab20"]
+    classes = np.unique(labels) if labels is not None else []
     for ax, (title, xy) in zip(axes[0], maps):
+        if labels is None:  # one colour: nothing says which points belong together but their places
+            ax.scatter(xy[:, 0], xy[:, 1], s=6, color="#23395d")
         for c in classes:
             keep = labels[:len(xy)] == c
             ax.scatter(xy[keep, 0], xy[keep, 1], s=6, color=cmap(int(c) % cmap.N), label=sample.name(int(c)))
         ax.set_title(title, fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
-    if len(classes) <= 20:
+    if 0 < len(classes) <= 20:
         axes[0, -1].legend(fontsize=7, markerscale=2.5, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    return f"<p>{len(x)} training images' embeddings in two dimensions, coloured by their label: " \
+    how = ", coloured by their label" if labels is not None else ""
+    return f"<p>{len(x)} training images' embeddings in two dimensions{how}: " \
         f"{' and '.join(title for title, _ in maps)}.</p>" + \
         _img(_figure_uri(fig), "embedding map")
 
@@ -416,19 +487,26 @@ def _map_section(sample: _Sample, feats: torch.Tensor, tsne_points: int) -> str:
 def _retrieval_section(sample: _Sample, train_feats: torch.Tensor, query_feats: torch.Tensor) -> str:
     queries = min(_QUERIES, len(query_feats))
     k = min(_NEIGHBOURS, len(train_feats))
+    if not queries or not k:
+        return _note(f"{queries} query and {k} gallery image(s): too few for a retrieval grid")
     gallery = torch.nn.functional.normalize(train_feats, dim=1)
     q = torch.nn.functional.normalize(query_feats[:queries], dim=1)
     sims, idx = (q @ gallery.T).topk(k, dim=1)
     fig, axes = _subplots(queries, k + 1, figsize=(1.3 * (k + 1), 1.5 * queries), squeeze=False)
+    labelled = sample.query_labels is not None and sample.train_labels is not None
     hits = 0
     for r in range(queries):
-        query_label = int(sample.query_labels[r])
-        cells = [(sample.query_images[r], f"query {sample.name(query_label)}", "#23395d")]
-        for j in range(k):
-            label = int(sample.train_labels[idx[r, j]])
-            hits += label == query_label
-            cells.append((sample.train_images[idx[r, j]], f"{sample.name(label)} {sims[r, j]:.3f}",
-                          "#2e8b57" if label == query_label else "#c0392b"))
+        if labelled:
+            query_label = int(sample.query_labels[r])
+            cells = [(sample.query_images[r], f"query {sample.name(query_label)}", "#23395d")]
+            for j in range(k):
+                label = int(sample.train_labels[idx[r, j]])
+                hits += label == query_label
+                cells.append((sample.train_images[idx[r, j]], f"{sample.name(label)} {sims[r, j]:.3f}",
+                              "#2e8b57" if label == query_label else "#c0392b"))
+        else:  # by similarity alone: the neighbours' cosine similarities, no marks
+            cells = [(sample.query_images[r], "query", "#23395d")]
+            cells += [(sample.train_images[idx[r, j]], f"{sims[r, j]:.3f}", "#7f8c8d") for j in range(k)]
         for c, (image, title, colour) in enumerate(cells):
             ax = axes[r, c]
             array, kw = _show(image)
@@ -440,9 +518,10 @@ def _retrieval_section(sample: _Sample, train_feats: torch.Tensor, query_feats: 
                 spine.set_edgecolor(colour)
                 spine.set_linewidth(3 if c else 2)
     fig.tight_layout()
+    marks = f"green: same label, red: another; {hits} of {queries * k} match" if labelled else \
+        "the cosine similarity above each"
     return (f"<p>{queries} query images from {_esc(sample.query_split)} (left) and their {k} nearest training "
-            f"images by cosine similarity of the embeddings (green: same label, red: another; "
-            f"{hits} of {queries * k} match).</p>" + _img(_figure_uri(fig), "retrieval grid"))
+            f"images by cosine similarity of the embeddings ({marks}).</p>" + _img(_figure_uri(fig), "retrieval grid"))
 
 
 def _stages_section(run_dir: Path, meta: dict[str, Any] | None) -> str:
@@ -506,7 +585,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
     gallery of the retrieval grid and of the maps; ``max_query`` evaluation images; ``tsne_points`` of the training
     sample in the t-SNE map, 0: PCA only, t-SNE costs ~20 CPU-s for 500 points); ``overrides`` are
     ``key=value`` settings of the data read (e.g. ``data.root=...``). When the data or the backbone cannot be
-    read, those sections say why and the rest of the page is still written.
+    read, those sections say why and the rest of the page is still written. A run whose training split has no
+    labels is sampled from that split alone (:class:`_UnlabelledSample`).
     """
     from selfsup.checkpoint import CheckpointError, atomic_write, read_backbone_meta
     from selfsup.config import ConfigError
@@ -538,13 +618,13 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
     sample = None
     if meta is not None:
         try:
-            sample = _Sample(run_dir, meta, list(overrides), max_train, max_query, progress)
+            sample = _read_sample(run_dir, meta, list(overrides), max_train, max_query, progress)
         except (ConfigError, DataError, CheckpointError, FileNotFoundError, OSError) as err:
             data_error = f"the run's data could not be read ({' '.join(str(err).split())}); pass data.root=... " \
                          f"to point at it"
     if sample is not None:
-        log.info("report: embedding %d training and %d query images", len(sample.train_labels),
-                 len(sample.query_labels))
+        log.info("report: embedding %d training and %d query images", len(sample.train_images),
+                 len(sample.query_images))
         train_feats = _features(run_dir, sample.train_images)
         query_feats = _features(run_dir, sample.query_images)
         random_train = _features(run_dir, sample.train_images, random_init=True)
@@ -556,6 +636,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, overrides: 
         body["retrieval"] = _retrieval_section(sample, train_feats, query_feats)
         if evals:
             body["evaluation"] = _eval_tables(evals)
+        elif sample.labels_note:
+            body["evaluation"] = _note("no saved evaluation in eval/ (the Data section says what labels would add)")
         else:
             random_query = _features(run_dir, sample.query_images, random_init=True)
             raw_query = sample.query_images.flatten(1).float() / 255

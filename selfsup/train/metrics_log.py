@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -104,27 +103,20 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> None:
 
 
 class Progress:
-    """A rich progress bar on a terminal; plain log lines otherwise (CI, files)."""
+    """Training's progress (:class:`selfsup.progress.Progress`): with ``trainer.progress`` on a terminal, a bar whose
+    info column holds the last logged row; otherwise a log line per logged row (every ``log_every_steps``) with
+    ``step/total``, the percentage and the ETA before the row."""
 
     def __init__(self, enabled: bool, total: int, start: int) -> None:
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+        from selfsup.progress import Progress as SharedProgress
 
-            self.bar = RichProgress(TextColumn("pretrain"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                    TextColumn("{task.fields[info]}"), transient=False)
-            self.bar.start()
-            self.task = self.bar.add_task("pretrain", total=total, completed=start, info="")
+        self.shared = SharedProgress("pretrain", total, unit="steps", start=start, bar=enabled, log_interval_s=None)
 
     def update(self, step: int, info: str, force_log: bool) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-        elif force_log:
-            log.info(info)
+        self.shared.update(step, info, force_log=force_log)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.shared.close()
 
 
 class TrainingLog:

@@ -13,7 +13,7 @@ from torch import nn
 
 from selfsup.config import Config, ConfigError
 from selfsup.data.augment import augment_config
-from selfsup.data.datasets import DataError, ImageData
+from selfsup.data.datasets import DataError, ImageData, resolve_eval_split
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split, pixels_and_labels
 from selfsup.data.views import CropSpec, ViewGroup, make_views
@@ -124,7 +124,9 @@ def sample_images(cfg: Config, data: ImageData | StreamedSplit, channels: int, i
     """The first ``count`` images of the evaluation split (the training split when there is none), normalised:
     what the methods' pictures show (MAE's reconstructions)."""
     try:
-        split = open_split(cfg.data, cfg.data.eval_split, image_size=image_size, channels=channels, progress=False)
+        name = resolve_eval_split(cfg.data).name  # data.eval_split=auto resolved as evaluation resolves it
+        split = data if name is None else open_split(cfg.data, name, image_size=image_size, channels=channels,
+                                                     progress=False)
     except (DataError, OSError, ValueError):  # no evaluation split (e.g. an image folder without test/)
         split = data
     images = pixels_and_labels(split, torch.arange(min(count, len(split))))[0].float() / 255

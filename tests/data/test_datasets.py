@@ -210,11 +210,12 @@ def test_resize_non_square_center_crops() -> None:
 
 def test_imagedata_subset_and_validation() -> None:
     images = torch.arange(4 * 3 * 2 * 2, dtype=torch.uint8).view(4, 3, 2, 2)
-    data = ImageData(images, torch.tensor([0, 1, 2, 3]), ["a", "b", "c", "d"], ["bad.jpg"])
+    data = ImageData(images, torch.tensor([0, 1, 2, 3]), ["a", "b", "c", "d"],
+                     [("bad.jpg", "empty file (0 bytes)")])
     sub = data.subset([3, 1])
     assert len(sub) == 2 and sub.labels.tolist() == [3, 1]
     assert torch.equal(sub.images[0], images[3]) and sub.classes == data.classes
-    assert sub.skipped == ["bad.jpg"]
+    assert sub.skipped == [("bad.jpg", "empty file (0 bytes)")]
     assert data.subset(torch.tensor([True, False, False, True])).labels.tolist() == [0, 3]
     assert ImageData(images, None, None, []).subset([0]).labels is None
     with pytest.raises(ValueError, match="uint8"):
@@ -428,7 +429,7 @@ def test_imagefolder_with_classes(tmp_path: Path) -> None:
     assert data.images[3].reshape(3, -1).float().mean(1).tolist() == [10.0, 20.0, 30.0]
     green = data.images[4].reshape(3, -1).float().mean(1)
     assert green[1] > 245 and green[0] < 10 and green[2] < 10
-    assert data.skipped == []
+    assert data.skipped == [(str(tmp_path / "dog" / "notes.txt"), "not an image file (extension .txt)")]
     gray = load_dataset("imagefolder", root=str(tmp_path), image_size=8, channels=1, progress=True)
     assert gray.images.shape == (5, 1, 8, 8)
     assert int(gray.images[0].float().mean()) == round(0.299 * 255)
@@ -452,20 +453,20 @@ def test_imagefolder_center_crop(tmp_path: Path) -> None:
     assert data.images[0, :, :, :5].eq(0).all() and data.images[0, :, :, 5:].eq(200).all()
 
 
-def test_imagefolder_skips_unreadable_and_warns_once(tmp_path: Path) -> None:
+def test_imagefolder_skips_unreadable_and_logs_them_once(tmp_path: Path, caplog) -> None:
     for i in range(4):
         save_image(tmp_path / f"ok{i}.png", solid(8, 8, (i, i, i)))
     (tmp_path / "broken.jpg").write_bytes(np.random.default_rng(0).integers(0, 256, 500, dtype=np.uint8).tobytes())
     save_image(tmp_path / "big.png", np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
     (tmp_path / "cut.png").write_bytes((tmp_path / "big.png").read_bytes()[:600])
     (tmp_path / "big.png").unlink()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a log line, not a Python warning
         data = load_dataset("imagefolder", root=str(tmp_path), progress=False)
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 1
-    assert messages[0] == "skipped 2 unreadable images of 6: broken.jpg, cut.png"
-    assert sorted(Path(p).name for p in data.skipped) == ["broken.jpg", "cut.png"]
+    assert caplog.messages == [
+        f"skipped 2 files of 6 in {tmp_path}: broken.jpg: cannot decode (UnidentifiedImageError: cannot identify "
+        f"image file); cut.png: cannot decode (OSError: image file is truncated)"]
+    assert sorted(Path(p).name for p, _ in data.skipped) == ["broken.jpg", "cut.png"]
     assert len(data) == 4 and data.images[:, 0, 0, 0].tolist() == [0, 1, 2, 3]
 
 
@@ -589,14 +590,14 @@ def test_imagefolder_without_train_folder_labels_other_splits_by_the_root_classe
     assert test.classes == ["x", "y"] and test.labels.tolist() == [1]
 
 
-def test_all_images_streams_loose_files_and_sub_folders_in_path_order(tmp_path: Path) -> None:
+def test_all_images_streams_loose_files_and_sub_folders_in_path_order(tmp_path: Path, caplog) -> None:
     save_image(tmp_path / "b.png", solid(4, 4, (1, 0, 0)))
     save_image(tmp_path / "a" / "z.png", solid(4, 4, (2, 0, 0)))
     (tmp_path / "c.jpg").write_bytes(b"not an image")
     source = all_images(tmp_path)
     assert [source.name(i) for i in range(len(source))] == ["a/z.png", "b.png", "c.jpg"] and source.labels is None
     split = StreamedSplit(source, 4, 3, workers=0)
-    with pytest.warns(UserWarning, match="skipped 1 unreadable.*c.jpg"):
-        batches = list(split.batches(2))
+    batches = list(split.batches(2))
+    assert "skipped 1 file in" in caplog.text and "c.jpg: cannot decode" in caplog.text
     assert torch.cat([images for images, _ in batches])[:, 0, 0, 0].tolist() == [2, 1]
     assert split.readable.tolist() == [True, True, False]

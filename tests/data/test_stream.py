@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -257,15 +258,22 @@ def test_a_truncated_shard_is_replaced_too(tmp_path: Path) -> None:
     assert index != 4 and crops[0].shape == (16, 16, 3)
 
 
-def test_streamed_split_reads_whole_images_in_order_and_leaves_out_unreadable_ones(tmp_path: Path) -> None:
+UNIDENTIFIED = "cannot decode (UnidentifiedImageError: cannot identify image file)"
+
+
+def test_streamed_split_reads_whole_images_in_order_and_leaves_out_unreadable_ones(tmp_path: Path, caplog) -> None:
     root = make_folder(tmp_path, per_class=3)
     (root / "c1" / "000.jpg").write_bytes(b"broken")
     split = StreamedSplit(folder_source(root), 16, 1, workers=2)
-    with pytest.warns(UserWarning, match="skipped 1 unreadable images.*c1/000.jpg"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported in the log, never as a Python warning
         rows = torch.cat([r for _, r in split.batches(4)])
-    assert rows.tolist() == [0, 1, 2, 4, 5] and split.readable.tolist() == [True] * 3 + [False] + [True] * 2
-    with pytest.warns(UserWarning):
+        assert rows.tolist() == [0, 1, 2, 4, 5] and split.readable.tolist() == [True] * 3 + [False] + [True] * 2
+        assert [m for m in caplog.messages if "skipped" in m] == [
+            f"skipped 1 file in {root}: c1/000.jpg: {UNIDENTIFIED}"]
+        assert split.skipped == [("c1/000.jpg", UNIDENTIFIED)]
+        list(split.batches(4))  # a second pass (the kNN monitor's next round) logs nothing new
+        assert len([m for m in caplog.messages if "skipped" in m]) == 1
         memory = load_dataset("imagefolder", root=str(root), image_size=16, channels=1, progress=False)
-    with pytest.warns(UserWarning):
         images, kept = split.pixels(torch.tensor([4, 3, 0]))
     assert kept.tolist() == [4, 0] and torch.equal(images, memory.images[[3, 0]])

@@ -26,13 +26,15 @@ import tarfile
 import time
 import warnings
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from selfsup.data.decode import DecodeWarnings
 from selfsup.data.formats.folder import IMAGE_EXTENSIONS, FolderSource
-from selfsup.data.imagedata import DataError, warn_unreadable
+from selfsup.data.imagedata import DataError, report_decode_warnings, report_skipped
 
 __all__ = ["ShardSource", "shard_source", "write_shards"]
 
@@ -231,16 +233,26 @@ def _scan(folder: Path, shards: list[str]) -> dict[str, np.ndarray]:
     }
 
 
-def _verifies(path: str) -> bool:
-    """Whether PIL identifies the image file and its structure verifies (no pixel decoding: cheap)."""
+def _unreadable(source: FolderSource, caught: DecodeWarnings) -> list[tuple[int, str]]:
+    """``(sample, reason)`` of each file that does not decode as training reads it (:func:`upright`), checked in
+    threads; JPEGs are decoded at their smallest draft scale (1/8), which reads the whole file but costs little."""
     from PIL import Image
 
-    try:
-        with Image.open(path) as image:
-            image.verify()
-    except Exception:  # any unreadable or malformed file
-        return False
-    return True
+    from selfsup.data.decode import unreadable_reason, upright
+
+    def check(i: int) -> str | None:
+        try:
+            with caught.file(source.name(i)), Image.open(source.open(i)) as image:
+                image.draft(image.mode, (1, 1))
+                image.load()
+                upright(image, "RGB")
+        except Exception as err:  # any unreadable or malformed file
+            return unreadable_reason(source, i, err)
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        reasons = list(pool.map(check, range(len(source))))
+    return [(i, why) for i, why in enumerate(reasons) if why is not None]
 
 
 def _chunks(source: FolderSource, samples: list[int], max_count: int, max_bytes: int) -> Iterable[list[int]]:
@@ -261,8 +273,10 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
                  progress: bool = True) -> dict:
     """Write ``source`` (one folder split) as tar shards of at most ``max_count`` images / ``max_bytes`` into ``out``.
 
-    Images keep their encoded bytes. A file that PIL cannot identify or verify is left out and named (by its
-    path under ``source.root``) in one warning and in the returned index's ``skipped``. Every shard is written
+    Images keep their encoded bytes. A file that does not decode, and every file of the folder that is not read
+    (see :func:`~selfsup.data.formats.folder.not_read_reason`), is left out and named (by its path under
+    ``source.root``) in one log line and in the returned index's ``skipped``, with its reason in
+    ``skipped_reasons`` (name -> reason). Every shard is written
     under a temporary name and renamed when complete, and the index last, so an interrupted conversion never
     leaves a folder that reads as complete. Returns the index.
     """
@@ -275,15 +289,15 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
     (out / OFFSETS).unlink(missing_ok=True)
     digits = max(8, len(str(len(source))))
     bar = tqdm(total=len(source), desc=f"sharding {source.root.name}", unit="img", disable=not progress)
-    shards, skipped = [], []
-    readable = []
-    for i in range(len(source)):
-        if _verifies(source.open(i)):
-            readable.append(i)
-        else:
-            skipped.append(source.name(i))
-    if skipped:
-        warn_unreadable(skipped, f"in {source.root} (not written to the shards)", stacklevel=3)
+    shards = []
+    with DecodeWarnings() as caught:
+        unreadable = _unreadable(source, caught)
+    bad = {i for i, _ in unreadable}
+    readable = [i for i in range(len(source)) if i not in bad]
+    unused = source.unused()
+    skipped = unused + [(source.name(i), why) for i, why in unreadable]
+    report_skipped(skipped, f"of {len(source) + len(unused)} in {source.root} (not written to the shards)")
+    report_decode_warnings(caught.notes, f"in {source.root}")
     for number, chunk in enumerate(_chunks(source, readable, max_count, max_bytes)):
         name = f"shard-{number:06d}.tar"
         tmp = out / (name + ".tmp")
@@ -307,7 +321,8 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
              **arrays)
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": source.root.name,
              "shardlist": [{"url": s, "nsamples": n, "filesize": (out / s).stat().st_size} for s, n in shards],
-             "classes": source.classes, "skipped": skipped}
+             "classes": source.classes, "skipped": [name for name, _ in skipped],
+             "skipped_reasons": dict(skipped)}
     tmp = out / (INDEX + ".tmp")
     tmp.write_text(json.dumps(index, indent=1))
     os.replace(tmp, out / INDEX)
