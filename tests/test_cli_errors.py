@@ -4,6 +4,7 @@ and the image-folder paths of pretrain / eval / embed with gray images, loose fi
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def test_bad_image_folders_are_one_line_errors(config, tmp_path, capsys, case, m
     assert not run.exists()
 
 
-def test_gray_image_folder_pretrain_eval_and_embed(config, tmp_path, gray_folder, capsys):
+def test_gray_image_folder_pretrain_eval_and_embed(config, tmp_path, gray_folder, capsys, caplog):
     run = tmp_path / "run"
     args = ["data.dataset=imagefolder", f"data.root={gray_folder}", "data.channels=1"]
     assert main(["pretrain", str(config), f"trainer.out={run}", *args]) == 0
@@ -112,12 +113,14 @@ def test_gray_image_folder_pretrain_eval_and_embed(config, tmp_path, gray_folder
         (images / f"{i}.png").write_bytes(src.read_bytes())
     (images / "sub" / "x.png").write_bytes(sources[3].read_bytes())
     (images / "sub" / "broken.png").write_bytes(b"garbage")
-    with pytest.warns(UserWarning, match="skipped 1 unreadable"):
+    with caplog.at_level(logging.WARNING, logger="selfsup"):
         assert main(["embed", str(run), str(images), str(tmp_path / "feats.npy")]) == 0
+    assert "skipped 1 file" in caplog.text and "sub/broken.png: cannot decode" in caplog.text
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert np.load(tmp_path / "feats.npy").shape[0] == 4 and summary["skipped"] == 1
     assert (tmp_path / "feats.files.txt").read_text().splitlines() == ["0.png", "1.png", "2.png", "sub/x.png"]
-    assert (tmp_path / "feats.skipped.txt").read_text().splitlines() == ["sub/broken.png"]
+    [skipped] = (tmp_path / "feats.skipped.txt").read_text().splitlines()
+    assert skipped.startswith("sub/broken.png\tcannot decode")
 
 
 def test_bad_exports_fail_fast_naming_the_file(config, tmp_path, capsys):

@@ -39,10 +39,10 @@ from typing import IO, Any, Protocol
 import numpy as np
 import torch
 from PIL import Image, ImageOps
-from tqdm.auto import tqdm
 
 from selfsup.data.imagedata import DataError, ImageData, report_decode_warnings, report_skipped
 from selfsup.memory import check_fits
+from selfsup.progress import track
 
 __all__ = ["ALPHA_BACKGROUND", "Crop", "DecodeWarnings", "ImageSource", "decode_all", "decode_crops",
            "decode_resized", "fit_square", "image_mode", "open_image", "unreadable_reason", "unused_files", "upright"]
@@ -320,7 +320,7 @@ def decode_all(source: ImageSource, image_size: int | None, channels: int, indic
     with DecodeWarnings() as caught, ThreadPoolExecutor(max_workers=workers) as pool:
         results = pool.map(work, rows)
         if progress:
-            results = tqdm(results, total=len(rows), desc=f"decoding {source.root.name}", unit="img")
+            results = track(results, f"decoding {source.root.name}", total=len(rows), unit="images")
         arrays = list(results)
 
     ok = [k for k, a in enumerate(arrays) if not isinstance(a, str)]

@@ -9,7 +9,7 @@ DINO reports k=20, T=0.07; MAE-CT finds k=10 best for its models.
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +58,8 @@ def knn_scores(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if k > train.shape[0]:
-        warnings.warn(
-            f"k={k} exceeds the {train.shape[0]} training samples; using k={train.shape[0]}.",
-            stacklevel=2,
-        )
+        logging.getLogger("selfsup").warning("k=%d exceeds the %d training samples; using k=%d", k, train.shape[0],
+                                             train.shape[0])
         k = train.shape[0]
 
     return _weighted_votes(train, labels, test, k, temperature, num_classes, batch_size)

@@ -21,20 +21,22 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tarfile
 import time
-import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from selfsup.data.decode import DecodeWarnings
 from selfsup.data.formats.folder import IMAGE_EXTENSIONS, FolderSource
 from selfsup.data.imagedata import DataError, report_decode_warnings, report_skipped
+from selfsup.progress import Progress
+
+log = logging.getLogger("selfsup")
 
 __all__ = ["ShardSource", "shard_source", "write_shards"]
 
@@ -217,8 +219,8 @@ def _check_complete(folder: Path, shards: list[str], listed: list[dict], arrays:
         raise DataError(f"{folder}: {len(short)} shard(s) are incomplete ({details}): {lost} samples would be lost. "
                         f"Copy the shards again or re-create them with `selfsup shard`; or set "
                         f"data.allow_incomplete_shards=true to read the {total} samples present")
-    warnings.warn(f"{folder}: {len(short)} incomplete shard(s) ({details}): reading {total} samples, {lost} lost "
-                  f"(data.allow_incomplete_shards=true)", stacklevel=3)
+    log.warning("%s: %d incomplete shard(s) (%s): reading %d samples, %d lost (data.allow_incomplete_shards=true)",
+                folder, len(short), details, total, lost)
     return {key: value[whole] for key, value in arrays.items()}
 
 
@@ -288,7 +290,7 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
     (out / INDEX).unlink(missing_ok=True)
     (out / OFFSETS).unlink(missing_ok=True)
     digits = max(8, len(str(len(source))))
-    bar = tqdm(total=len(source), desc=f"sharding {source.root.name}", unit="img", disable=not progress)
+    bar = Progress(f"sharding {source.root.name}", len(source), unit="images", enabled=progress)
     shards = []
     with DecodeWarnings() as caught:
         unreadable = _unreadable(source, caught)
@@ -312,7 +314,7 @@ def write_shards(source: FolderSource, out: Path, max_count: int = 10_000, max_b
                     info = tarfile.TarInfo(member)
                     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o444
                     tar.addfile(info, io.BytesIO(data))
-                bar.update(1)
+                bar.advance()
         os.replace(tmp, out / name)
         shards.append((name, len(chunk)))
     bar.close()
