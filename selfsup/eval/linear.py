@@ -40,8 +40,8 @@ _EVAL_CHUNK = 8192
 def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded class-stratified split of ``range(len(labels))`` into (fit, val) index arrays.
 
-    Class c gives ``round(val_fraction * n_c)`` samples to validation, but always keeps at least
-    one for fitting. Both arrays are sorted.
+    Class c gives ``round(val_fraction * n_c)`` samples to validation, at least one (a few labels per class, as a
+    user's folder has them, would give none), but always keeps at least one for fitting. Both arrays are sorted.
     """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
@@ -49,13 +49,13 @@ def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int) -> tu
     val_parts = []
     for cls in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == cls))
-        n_val = min(int(math.floor(val_fraction * members.size + 0.5)), members.size - 1)
+        n_val = min(max(1, int(math.floor(val_fraction * members.size + 0.5))), members.size - 1)
         val_parts.append(members[:n_val])
     val = np.sort(np.concatenate(val_parts))
     if val.size == 0:
         raise ValueError(
-            f"val_fraction={val_fraction} leaves no validation samples for the hyperparameter search "
-            f"({labels.size} training samples); raise val_fraction or provide more labelled samples."
+            f"every class has a single labelled sample ({labels.size} in all): the hyperparameter search needs two "
+            f"of a class, one to fit and one to validate; label more images."
         )
     fit = np.setdiff1d(np.arange(labels.size), val)
     return fit, val

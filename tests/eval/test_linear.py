@@ -102,6 +102,17 @@ def test_stratified_holdout_counts() -> None:
     assert np.array_equal(val, again_val) and np.array_equal(fit, again_fit)
 
 
+def test_stratified_holdout_of_a_few_labels_per_class_validates_on_one_of_each() -> None:
+    """Issue 48: 3 labelled images per class (a user's folder) gave round(0.1 * 3) = 0 to validation, and the linear
+    probe stopped with an error; each class of two or more now gives one."""
+    labels = np.array([0, 0, 0, 1, 1, 1, 2, 2, 3])
+    fit, val = stratified_holdout(labels, 0.1, seed=0)
+    assert np.bincount(labels[val], minlength=4).tolist() == [1, 1, 1, 0]
+    assert np.bincount(labels[fit], minlength=4).tolist() == [2, 2, 1, 1]
+    with pytest.raises(ValueError, match="single labelled sample.*label more images"):
+        stratified_holdout(np.array([0, 1, 2]), 0.1, seed=0)
+
+
 def test_bad_arguments_fail_clearly() -> None:
     x, y = _blobs(5, seed=0)
     with pytest.raises(ValueError, match="val_fraction"):
@@ -110,7 +121,7 @@ def test_bad_arguments_fail_clearly() -> None:
         linear_probe(x, y, x, y, lrs=())
     with pytest.raises(ValueError, match="normalize"):
         linear_probe(x, y, x, y, normalize="batchnorm")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no validation samples"):
+    with pytest.raises(ValueError, match="single labelled sample"):
         linear_probe(x[:3], torch.tensor([0, 1, 2]), x, y)
 
 
