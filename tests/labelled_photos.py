@@ -42,7 +42,7 @@ def write_labels(path: Path, root: Path, rows: range = range(LABELLED), header: 
     lines = ["path,label"] if header else []
     for n, i in enumerate(rows):
         name = f"img_{i:02d}.png"
-        path_text = str(root / name) if n == 0 else f"./{name}" if n == 1 else name
+        path_text = str(root.absolute() / name) if n == 0 else f"./{name}" if n == 1 else name
         lines.append(f"{path_text},{COLOURS[i % 3]}")
     path.write_text("\n".join(lines) + "\n")
     return path

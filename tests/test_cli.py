@@ -106,6 +106,21 @@ def test_eval_of_a_csv_labelled_folder_prints_a_table_on_stderr_and_the_json_alo
     assert f"error: data.labels: {labels} lines 1 and 4 give img_00.png two labels (red, green)" in err
 
 
+def test_the_evaluation_split_and_the_labels_may_change_when_a_run_is_resumed(tmp_path, capsys):
+    """data.eval_split and data.labels say what evaluation and the monitor read, not what trains: a run saved with
+    eval_split: test (before auto was the default) resumes from a YAML without the key, and a CSV of labels may be
+    added to a run of a folder of photos later."""
+    run, root, labels = labelled_run(tmp_path)
+    cfg = write_config(tmp_path, TINY.replace("data: {dataset: digits}", f"data: {{dataset: imagefolder, root: {root}, "
+                                                                         f"image_size: 8}}"))
+    steps = ["trainer.max_steps=2", "trainer.batch_size=16", f"trainer.out={tmp_path / 'new'}"]
+    assert main(["pretrain", str(cfg), *steps, "data.eval_split=test"]) == 0
+    assert main(["pretrain", str(cfg), *steps]) == 0
+    assert main(["pretrain", str(cfg), *steps, f"data.labels={labels}"]) == 0
+    assert main(["pretrain", str(cfg), *steps, "data.image_size=4"]) == 2  # what trains is still checked
+    assert "different config" in capsys.readouterr().err
+
+
 def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_images_size(tmp_path, capsys):
     """resnet_30min.yaml trains on 22 px views of 28 px images: the export records the data's size, not the views',
     and evaluation embeds whole images at that size."""

@@ -46,6 +46,7 @@ log = logging.getLogger("selfsup")
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
                      "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
                      "eval", "data.num_workers", "data.allow_incomplete_shards", "data.root",
+                     "data.eval_split", "data.labels",  # what evaluation and the monitor read, not what trains
                      "model.init_weights"}  # read when a run starts only
 
 

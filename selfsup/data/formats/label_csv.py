@@ -114,8 +114,9 @@ def check_images(table: LabelTable) -> None:
         named = ", ".join(f"{p} (line {table.lines[p]})" for p in missing[:MAX_LISTED])
         more = f" and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         raise DataError(f"data.labels: {table.csv} names {len(missing)} path(s) that are not images of "
-                        f"{table.root}: {named}{more}; paths are relative to data.root (or absolute inside it); "
-                        f"fix them, or point data.root at the folder that holds these images")
+                        f"{table.root}: {named}{more}; paths are relative to data.root ({table.root}), not to the "
+                        f"working directory, or absolute inside it; fix them, or point data.root at the folder "
+                        f"that holds these images")
 
 
 def labelled_source(table: LabelTable, split: str, folder: Path, eval_splits: Sequence[str] = ()) -> FolderSource:
