@@ -262,7 +262,7 @@ class _Sample:
     def __init__(self, run_dir: Path, meta: dict[str, Any], overrides: list[str], max_train: int, max_query: int,
                  progress: bool) -> None:
         from selfsup.data.stream import pixels_and_labels
-        from selfsup.eval.run import evaluation_split, labelled_splits, run_config
+        from selfsup.eval.run import evaluation_split, holdout_rows, labelled_splits, run_config
 
         self.cfg = run_config(run_dir, overrides)
         choice = evaluation_split(self.cfg)  # as `selfsup eval` resolves data.eval_split
@@ -274,9 +274,11 @@ class _Sample:
             self.query_split = choice.name
             train_idx = order[:max_train].sort().values
             query_source, query_idx = splits[1], torch.randperm(len(splits[1]), generator=generator)[:max_query]
-        else:  # a hold-out: queries and gallery are disjoint parts of the training split
+        else:  # a hold-out: the queries come from the rows evaluation holds out, the gallery from the others
             self.query_split = f"{self.train_split} (held out)"
-            query_idx, train_idx = order[:max_query], order[max_query:max_query + max_train].sort().values
+            fit, held_out = holdout_rows(train.labels, choice.holdout, self.cfg.eval.seed)
+            query_idx = held_out[torch.randperm(len(held_out), generator=generator)[:max_query]]
+            train_idx = fit[torch.randperm(len(fit), generator=generator)[:max_train]].sort().values
             query_source = train
         self.train_images, self.train_labels = pixels_and_labels(train, train_idx)
         self.query_images, self.query_labels = pixels_and_labels(query_source, query_idx.sort().values)
