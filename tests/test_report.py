@@ -198,3 +198,20 @@ def test_report_renders_in_chromium(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["header_rendered"]
+
+
+def test_the_spectrum_of_fewer_samples_than_dimensions_is_the_covariance_spectrum():
+    """Raw pixels of photos have more dimensions than the report has images: their spectrum comes from the Gram
+    matrix (n x n), which must give the covariance's (d x d) nonzero eigenvalues."""
+    import numpy as np
+    import torch
+
+    from selfsup.report.build import _spectrum
+
+    values = torch.randn(30, 200, generator=torch.Generator().manual_seed(0)) * torch.linspace(3, 0.1, 200)
+    centred = values.double() - values.double().mean(0)
+    reference = torch.linalg.eigvalsh(centred.T @ centred / 29).flip(0).clamp_min(0).numpy()
+    reference /= reference.sum()
+    got = _spectrum(values)
+    np.testing.assert_allclose(got, reference[:len(got)], atol=1e-12)
+    assert len(got) == 30 and reference[30:].max() < 1e-12
