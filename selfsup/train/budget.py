@@ -9,8 +9,8 @@ their checkpoints and the export; reading or decoding the data before it is not 
 
 The calibration is written to ``RUN_DIR/budget.json`` before the first step, and a resumed run reads its length
 from there (it is not measured again), so a killed run resumes to the same schedules. A staged run (MAE-CT) shares
-the budget among its stages in proportion to their planned steps (``trainer.epochs`` / ``max_steps`` of each stage):
-each stage gets that share of what the stages before it left.
+the budget among its stages in proportion to their planned steps (``trainer.epochs`` / ``max_steps`` of each stage,
+:func:`selfsup.train.stages.budget_shares`); each stage times its own step.
 """
 
 from __future__ import annotations
@@ -69,9 +69,14 @@ class Calibration:
         self.elapsed_s = time.perf_counter() - start
 
 
-def budget_steps(share_s: float, calibration: Calibration, steps_per_epoch: int) -> int:
-    """Steps that fit in what is left of ``share_s`` after the calibration (at least one)."""
+def budget_steps(share_s: float, calibration: Calibration, floor: bool = False) -> int:
+    """Steps that fit in what is left of ``share_s`` after the calibration. None fit: an error, or with ``floor`` (a
+    later stage of a run) one step and a warning."""
     left = share_s - calibration.elapsed_s
+    if left < calibration.seconds_per_step and floor:
+        log.warning("trainer.budget: this stage's share (%.1f s) went to timing its step (%.1f s); it trains 1 step "
+                    "(give a larger budget for more)", share_s, calibration.elapsed_s)
+        return 1
     if left < calibration.seconds_per_step:
         raise ConfigError(f"trainer.budget: measuring the step took {calibration.elapsed_s:.1f} s of the "
                           f"{share_s:.1f} s this run has, which leaves no time to train (a step takes "

@@ -54,11 +54,12 @@ class Plugins:
 
 
 def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool = False, carried: Path | None = None,
-          stage: str | None = None, budget_s: float | None = None) -> None:
+          stage: str | None = None, budget_s: float | None = None, budget_floor: bool = False) -> None:
     """One stage: train ``cfg.method`` for ``cfg.trainer``'s steps into ``cfg.trainer.out`` (resuming its checkpoint),
     then export the backbone. ``carried``: a checkpoint whose method weights a fresh stage starts from (the previous
     stage's), matched by name; read only when the stage has no checkpoint of its own. ``budget_s``: this stage's share
-    of ``trainer.budget`` (default: all of it)."""
+    of ``trainer.budget`` (default: all of it); ``budget_floor``: a share too small to train in still trains one step
+    (a later stage of a run: an error would stop the run after the stages before it), with a warning."""
     t, o, is_main = cfg.trainer, cfg.optim, fabric.global_rank == 0
     run = RunDir(fabric, cfg, allow_optim_change)  # config compatibility is checked before touching the data
     carried_state = carried_weights(carried) if run.state is None and carried is not None else None
@@ -83,7 +84,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
         total_steps = run_steps(t, sampler.steps_per_epoch)
     else:
         total_steps = budgeted_steps(fabric, without_file, plugins, run, data, sampler, view_groups, channels,
-                                     image_size, memory_format, budget_s or parse_duration(t.budget))
+                                     image_size, memory_format, budget_s or parse_duration(t.budget), budget_floor)
     schedule_steps = max(total_steps, 1)  # max_steps = 0 trains nothing and exports the initial backbone
 
     # Model, optimiser, per-step schedules; the checkpoint's state when resuming.
@@ -161,7 +162,7 @@ def train_step(fabric: Any, method: nn.Module, raw_method: nn.Module, optimizer:
 
 def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data: ImageData | StreamedSplit,
                    sampler: StepSampler, groups: list[Any], channels: int, image_size: int,
-                   memory_format: torch.memory_format, share_s: float) -> int:
+                   memory_format: torch.memory_format, share_s: float, floor: bool = False) -> int:
     """``trainer.budget``: the run's length in steps. A resumed run reads it from its ``budget.json``; a new one times
     the step on a throwaway copy of the method (same data, views, optimiser and device; ``selfsup.train.budget``),
     sizes itself to the rest of ``share_s`` and writes ``budget.json`` before its first step."""
@@ -192,7 +193,7 @@ def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data
 
     calibration = Calibration(step, share_s, agree=lambda more: bool(reduced(fabric, int(more))))
     del wrapped, probe, probe_optimizer, probe_views
-    steps = budget_steps(share_s, calibration, sampler.steps_per_epoch) if is_main else 0
+    steps = budget_steps(share_s, calibration, floor) if is_main else 0
     steps = reduced(fabric, steps)  # the main process's measurement, for every process
     if is_main:
         entry = record(run.path, t.budget, share_s, calibration, steps, sampler.steps_per_epoch, len(data),

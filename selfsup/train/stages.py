@@ -14,7 +14,6 @@ import yaml
 from selfsup.checkpoint import CHECKPOINT, atomic_write, read_backbone_meta
 from selfsup.config import Config, parse_duration, save_config, stage_configs, to_dict
 from selfsup.data.stream import split_size
-from selfsup.train.budget import BUDGET_FILE
 from selfsup.train.loop import Plugins, train
 from selfsup.train.metrics_log import MetricsLog
 from selfsup.train.run_dir import carried_weights, check_resume_compatible, run_checkpoint
@@ -44,7 +43,7 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
     for stage in stages:  # a damaged init_from checkpoint stops the run now, not after the stages before it
         if stage.init_from is not None and not (Path(stage.cfg.trainer.out) / "backbone.json").is_file():
             carried_weights(run_checkpoint(Path(stage.init_from)))
-    shares = BudgetShares(cfg, stages)
+    shares = budget_shares(cfg, stages)
     carried, rows, done = None, [], []
     for number, stage in enumerate(stages, start=1):
         stage_dir = Path(stage.cfg.trainer.out)
@@ -57,9 +56,8 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
             if is_main:
                 log.info("stage %d of %d: %s (%s)", number, len(cfg.stages), stage.name, stage.cfg.method["name"])
             train(fabric, stage.cfg, plugins, allow_optim_change, carried=carried, stage=stage.name,
-                  budget_s=shares.share(number - 1))
+                  budget_s=shares[number - 1], budget_floor=number > 1)
             fabric.barrier()
-        shares.spent(number - 1, stage_dir)
         carried = stage_dir / CHECKPOINT
         rows += MetricsLog(stage_dir / "metrics.csv", resume_step=math.inf).rows  # every row of the stage
         meta = read_backbone_meta(stage_dir)
@@ -75,27 +73,16 @@ def train_stages(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change:
         log.info("done: %d stages; the last one's backbone exported to %s", len(done), run_dir / "backbone.safetensors")
 
 
-class BudgetShares:
-    """``trainer.budget`` over the stages: stage i gets ``left * planned_i / sum(planned_j, j >= i)``, where ``left``
-    is the budget minus what the stages before it took (their ``budget.json``: the measured time of an uninterrupted
-    stage, else its share) and ``planned`` each stage's steps from its ``trainer.epochs`` / ``max_steps``."""
-
-    def __init__(self, cfg: Config, stages: list[Any]) -> None:
-        self.left = parse_duration(cfg.trainer.budget) if cfg.trainer.budget is not None else None
-        self.planned: list[int] = []
-        if self.left is not None:
-            for stage in stages:
-                c = stage.cfg
-                images = split_size(c.data, c.data.train_split, c.data.fraction)
-                self.planned.append(max(1, run_steps(c.trainer, max(1, images // c.trainer.batch_size))))
-
-    def share(self, index: int) -> float | None:
-        if self.left is None:
-            return None
-        return max(0.0, self.left) * self.planned[index] / sum(self.planned[index:])
-
-    def spent(self, index: int, stage_dir: Path) -> None:
-        if self.left is None:
-            return
-        entry = json.loads((stage_dir / BUDGET_FILE).read_text())
-        self.left -= float(entry.get("elapsed_s", entry["share_s"]))
+def budget_shares(cfg: Config, stages: list[Any]) -> list[float | None]:
+    """``trainer.budget`` over the stages (None each without one): stage i gets ``budget * planned_i / sum(planned)``,
+    ``planned`` its steps from its own ``trainer.epochs`` / ``max_steps``. Fixed when the run starts, so a stage that
+    overruns its share (its export, its pictures) does not starve the next one, and a resumed run gets the same."""
+    if cfg.trainer.budget is None:
+        return [None] * len(stages)
+    planned = []
+    for stage in stages:
+        c = stage.cfg
+        images = split_size(c.data, c.data.train_split, c.data.fraction)
+        planned.append(max(1, run_steps(c.trainer, max(1, images // c.trainer.batch_size))))
+    budget = parse_duration(cfg.trainer.budget)
+    return [budget * p / sum(planned) for p in planned]
