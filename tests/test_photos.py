@@ -73,6 +73,8 @@ def test_the_road_from_a_folder_of_photos_to_scores_an_embedding_and_a_report(ph
         assert main(["pretrain", str(PRESETS / "vicreg.yaml"), f"data.root={folder}", f"data.labels={labels}",
                      f"trainer.out={run}", "trainer.budget=4s", "trainer.batch_size=16", "data.num_workers=0"]) == 0
     listed_with_reasons(caplog.text)
+    for name in ("corrupt.jpg", "empty.jpg"):  # once a session, the budget's timing steps included
+        assert caplog.text.count(f"replaced by another: {name}") == 1
     budget = json.loads((run / "budget.json").read_text())
     meta = json.loads((run / "backbone.json").read_text())
     # the streamed split counts the corrupt and the empty file until they are read (each replaced when met)

@@ -108,7 +108,7 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
            if is_main and cfg.monitor.knn_every_steps else None)
     run.start_logs(total_steps, sampler.steps_per_epoch, knn, stage)
     step_views = StepViews(data, sampler, view_groups, t.seed, run.start_step, total_steps, fabric.device,
-                           memory_format, raw_method)
+                           memory_format, raw_method, run.reported_images)
     run.step_views = step_views
     step = run.start_step
     raw_method.train()
@@ -181,7 +181,7 @@ def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data
     probe_optimizer = build_optimizer(probe, cfg.optim, online_encoder(probe))
     wrapped, probe_optimizer = fabric.setup(probe, probe_optimizer)
     probe_views = StepViews(data, sampler, groups, t.seed, 0, WARMUP_STEPS + MAX_TIMED, fabric.device,
-                            memory_format, probe)
+                            memory_format, probe, run.reported_images)
     probe.train()
     lr = scaled_lr(cfg.optim, t.batch_size)
 

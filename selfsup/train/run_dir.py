@@ -269,6 +269,7 @@ class RunDir:
         # Streamed images replaced by earlier sessions of the run (counted once, on the main process).
         self.unreadable_before = int(self.state.get("unreadable_images", 0)) if self.state is not None else 0
         self.step_views: StepViews | None = None
+        self.reported_images: set[str] = set()  # unreadable streamed files logged this session (by every StepViews)
         self.data: dict[str, Any] | None = None
 
     def check_data(self, data: ImageData | StreamedSplit) -> None:

@@ -82,7 +82,7 @@ class StepViews:
 
     def __init__(self, data: ImageData | StreamedSplit, sampler: StepSampler, groups: list[ViewGroup], seed: int,
                  start: int, stop: int, device: torch.device, memory_format: torch.memory_format,
-                 method: nn.Module | None = None) -> None:
+                 method: nn.Module | None = None, reported: set[str] | None = None) -> None:
         # the groups' buffers (normalisation) to the device the views are made on
         self.data, self.sampler, self.groups, self.seed = data, sampler, [g.to(device) for g in groups], seed
         self.device, self.memory_format = device, memory_format
@@ -90,7 +90,7 @@ class StepViews:
         self.own_views = hasattr(method, "make_views")
         self.make = views_maker(method, self.groups)
         self.unreadable = 0
-        self.reported: set[str] = set()
+        self.reported = set() if reported is None else reported  # unreadable files named already this session
         if self.streamed:
             self.batches = iter(crop_batches(data.source, sampler, crop_specs(data, groups, method), data.channels,
                                              seed, start, stop, data.workers, pin_memory=device.type == "cuda"))
