@@ -178,6 +178,8 @@ def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data
                  f"{share_s:.0f} s" if share_s != parse_duration(t.budget) else "all")
     _, probe = plugins.build_model(cfg, channels, image_size, max(run_steps(t, sampler.steps_per_epoch), 1), None,
                                    None)
+    if t.sync_batchnorm and fabric.device.type == "cuda":  # as the run's: SyncBatchNorm costs time (CUDA-only)
+        probe = sync_batchnorm(fabric, probe)
     probe_optimizer = build_optimizer(probe, cfg.optim, online_encoder(probe))
     wrapped, probe_optimizer = fabric.setup(probe, probe_optimizer)
     probe_views = StepViews(data, sampler, groups, t.seed, 0, WARMUP_STEPS + MAX_TIMED, fabric.device,
