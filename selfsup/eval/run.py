@@ -90,10 +90,9 @@ def holdout_rows(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torc
     try:
         fit, held_out = stratified_holdout(labels.numpy(), fraction, seed)
     except ValueError as err:
-        raise ConfigError(f"a hold-out of {fraction * 100:g}% of the {len(labels)} labelled training images leaves "
-                          f"none to test on (each class keeps at least one to fit); label more images, set "
-                          f"eval.holdout to a larger fraction (e.g. 0.5), or name an evaluation split "
-                          f"(data.eval_split=val)") from err
+        raise ConfigError(f"a hold-out of the {len(labels)} labelled training images leaves none to test on: every "
+                          f"class has a single labelled image, which it keeps to fit; label at least two images of "
+                          f"a class, or name an evaluation split (data.eval_split=val)") from err
     return torch.from_numpy(fit), torch.from_numpy(held_out)
 
 

@@ -250,10 +250,11 @@ def test_lowshot_with_nothing_left_is_skipped_or_refused_before_any_feature(tmp_
 
 
 def test_a_holdout_too_small_to_test_on_is_a_config_error(tmp_path: Path) -> None:
-    """Two labelled images per class: a 20 % hold-out takes none (each class keeps one to fit)."""
-    run, _, _ = labelled_run(tmp_path, rows=range(6))
-    with pytest.raises(ConfigError, match="a hold-out of 20% of the 6 labelled training images leaves none to test "
-                                          "on"):
+    """One labelled image per class: a hold-out takes none (each class keeps one to fit). With two per class, each
+    class gives one (a few labels are still evaluated)."""
+    run, _, _ = labelled_run(tmp_path, rows=range(3))
+    with pytest.raises(ConfigError, match="the 3 labelled training images leaves none to test on: every class has a "
+                                          "single labelled image"):
         eval_run.compute_features(run, eval_run.run_config(run, []), baseline="raw", progress=False)
 
 
@@ -270,3 +271,10 @@ def test_knn_monitor_reads_the_csv_labels_and_the_resolved_holdout(tmp_path: Pat
     assert len(queries) == 6 and gallery | queries == set(range(LABELLED)) and not gallery & queries
     assert monitor.train_labels.tolist() == [CLASSES.index(COLOURS[n % 3]) for n in monitor.train_images[:, 0, 0, 0]]
     assert f"kNN monitor: data.eval_split=auto: {labels} labels no image of a val or test split" in caplog.text
+
+
+def test_two_labelled_images_per_class_are_evaluated_on_one_of_each(tmp_path: Path) -> None:
+    run, _, _ = labelled_run(tmp_path, rows=range(6))
+    feats = eval_run.compute_features(run, eval_run.run_config(run, []), baseline="raw", progress=False)
+    assert len(feats.test_labels) == 3 and sorted(feats.test_labels.tolist()) == [0, 1, 2]
+    assert len(feats.train_labels) == 3
