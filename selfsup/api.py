@@ -258,7 +258,6 @@ def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allo
     weights; :func:`load_backbone`, :func:`evaluate` and :func:`embed` then rebuild it from the run, in this process
     (another process registers the same name first).
     """
-    from selfsup.cli import pretrain_config
     from selfsup.config import Config, deep_merge, from_dict, parse_overrides, to_dict
     from selfsup.launch import pretrain as run
     from selfsup.models import check_backbone, register_backbone
@@ -277,6 +276,17 @@ def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allo
     if backbone is not None:  # the module replaces the config's backbone and its parameters
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backbone=name, params={}))
     return run(cfg, allow_optim_change=allow_optim_change)
+
+
+def pretrain_config(target: Path, overrides: list[str]) -> Config:
+    """The config ``selfsup pretrain TARGET`` trains: a YAML file, or a run directory's own config (resumed)."""
+    from selfsup.config import ConfigError, load_config
+
+    if target.is_dir():  # resume a run directory with its own config
+        if not (target / "config.yaml").is_file():
+            raise ConfigError(f"{target} is a directory without config.yaml; pass a YAML config or a run directory")
+        return load_config(target / "config.yaml", [f"trainer.out={target}", *overrides])
+    return load_config(target, overrides)
 
 
 def evaluate(run_dir: str | Path, kind: str = "all", *overrides: str, baseline: str = "none",

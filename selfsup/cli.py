@@ -20,14 +20,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from selfsup.checkpoint import CheckpointError
 from selfsup.config import ConfigError, load_config, stage_configs
 from selfsup.export import FORMATS
-
-if TYPE_CHECKING:
-    from selfsup.config import Config
 
 log = logging.getLogger("selfsup")
 
@@ -36,19 +32,10 @@ def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def pretrain_config(target: Path, overrides: list[str]) -> "Config":
-    """The config ``selfsup pretrain TARGET`` trains: a YAML file, or a run directory's own config (resumed)."""
-    if target.is_dir():  # resume a run directory with its own config
-        if not (target / "config.yaml").is_file():
-            raise ConfigError(f"{target} is a directory without config.yaml; pass a YAML config or a run directory")
-        return load_config(target / "config.yaml", [f"trainer.out={target}", *overrides])
-    return load_config(target, overrides)
-
-
 def cmd_pretrain(args: argparse.Namespace) -> None:
-    from selfsup.launch import pretrain
+    from selfsup.api import pretrain
 
-    pretrain(pretrain_config(Path(args.config), args.overrides), allow_optim_change=args.allow_optim_change)
+    pretrain(args.config, *args.overrides, allow_optim_change=args.allow_optim_change)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
