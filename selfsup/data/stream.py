@@ -191,6 +191,7 @@ class StreamedSplit:
     def __init__(self, source: ImageSource, image_size: int, channels: int, workers: int) -> None:
         self.source, self.image_size, self.channels, self.workers = source, image_size, channels, workers
         self.labels = None if source.labels is None else torch.from_numpy(source.labels)
+        self.classes = source.classes  # as ImageData's: class names indexed by label, or None
         self.readable = torch.ones(len(source), dtype=torch.bool)
         self.unused = unused_files(source)
         self.skipped: list[tuple[str, str]] = list(self.unused)

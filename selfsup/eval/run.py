@@ -194,8 +194,7 @@ def compute_features(run_dir: Path, cfg: Config, baseline: Baseline = "none", pr
     if lowshot:
         labels = train.labels if holdout is None else \
             train.labels[holdout_rows(train.labels, holdout, cfg.eval.seed)[0]]
-        classes = getattr(train, "classes", None) or getattr(getattr(train, "source", None), "classes", None)
-        shots = lowshot_shots(cfg, labels, train_split, classes, alone=lowshot_alone)
+        shots = lowshot_shots(cfg, labels, train_split, train.classes, alone=lowshot_alone)
     if baseline == "raw":  # raw pixels in [0, 1], flattened
         model, mean_std, normalize = nn.Flatten(), (None, None), None
     else:

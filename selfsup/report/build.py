@@ -283,7 +283,7 @@ class _Sample:
         self.train_images, self.train_labels = pixels_and_labels(train, train_idx)
         self.query_images, self.query_labels = pixels_and_labels(query_source, query_idx.sort().values)
         self.train_size, self.query_size = len(train), len(query_source)
-        self.classes = getattr(train, "classes", None) or getattr(getattr(train, "source", None), "classes", None)
+        self.classes = train.classes
 
     def name(self, label: int) -> str:
         return str(self.classes[label]) if self.classes and 0 <= label < len(self.classes) else str(label)
