@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from selfsup.config import ConfigError, parse_duration
+from selfsup.config import ConfigError
 
 log = logging.getLogger("selfsup")
 
-__all__ = ["BUDGET_FILE", "Calibration", "budget_steps", "parse_duration", "read_budget", "record", "record_elapsed"]
+__all__ = ["BUDGET_FILE", "Calibration", "budget_steps", "read_budget", "record", "record_elapsed"]
 
 BUDGET_FILE = "budget.json"
 WARMUP_STEPS = 2  # untimed: the first steps allocate, fill caches and start loader workers
@@ -58,14 +58,13 @@ class Calibration:
         start = time.perf_counter()
         for i in range(WARMUP_STEPS):
             step(i)
-        timed_start, times = time.perf_counter(), []
+        times: list[float] = []
         while agree(len(times) < MAX_TIMED and (len(times) < MIN_TIMED or sum(times) < TIMED_FRACTION * budget_s)):
             before = time.perf_counter()
             step(WARMUP_STEPS + len(times))
             times.append(time.perf_counter() - before)
         self.seconds_per_step = sum(times) / len(times)
         self.timed_steps = len(times)
-        self.warmup_s = timed_start - start
         self.elapsed_s = time.perf_counter() - start
 
 
@@ -88,16 +87,13 @@ def budget_steps(share_s: float, calibration: Calibration, floor: bool = False) 
 def record(run_dir: Path, budget: str, share_s: float, calibration: Calibration, steps: int, steps_per_epoch: int,
            images: int, device: str, threads: int) -> dict[str, Any]:
     """Write ``RUN_DIR/budget.json`` (what was measured and what it bought) and return it."""
-    from selfsup.checkpoint import atomic_write
-
-    path = Path(run_dir)
     entry = {"budget": budget, "share_s": round(share_s, 2), "seconds_per_step": round(calibration.seconds_per_step, 5),
              "timed_steps": calibration.timed_steps, "warmup_steps": WARMUP_STEPS,
              "calibration_s": round(calibration.elapsed_s, 2), "steps": steps,
              "epochs": round(steps / steps_per_epoch, 3), "images": images, "device": device,
              "cpu": cpu_name(), "threads": threads, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    path.mkdir(parents=True, exist_ok=True)
-    atomic_write(path / BUDGET_FILE, lambda tmp: Path(tmp).write_text(json.dumps(entry, indent=2) + "\n"))
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    _write(Path(run_dir), entry)
     return entry
 
 
@@ -122,9 +118,12 @@ def read_budget(run_dir: Path, budget: str) -> dict[str, Any] | None:
 def record_elapsed(run_dir: Path, started: float) -> None:
     """Add the session's wall-clock seconds, calibration to export, to ``budget.json`` (a run that was not resumed:
     a resumed one's time is split over sessions)."""
+    entry = json.loads((Path(run_dir) / BUDGET_FILE).read_text())
+    entry["elapsed_s"] = round(time.perf_counter() - started, 2)
+    _write(Path(run_dir), entry)
+
+
+def _write(run_dir: Path, entry: dict[str, Any]) -> None:
     from selfsup.checkpoint import atomic_write
 
-    path = Path(run_dir) / BUDGET_FILE
-    entry = json.loads(path.read_text())
-    entry["elapsed_s"] = round(time.perf_counter() - started, 2)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(entry, indent=2) + "\n"))
+    atomic_write(run_dir / BUDGET_FILE, lambda tmp: Path(tmp).write_text(json.dumps(entry, indent=2) + "\n"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import shlex
@@ -26,8 +25,8 @@ import torch
 import yaml
 from torch import nn
 
-from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, check_run_checkpoint, export_backbone, load_checkpoint,
-                                remove_stale_temporaries, save_checkpoint)
+from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, CheckpointError, check_run_checkpoint, export_backbone,
+                                load_checkpoint, read_backbone_meta, remove_stale_temporaries, save_checkpoint)
 from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, data_fingerprint
@@ -234,10 +233,10 @@ def carried_weights(path: Path) -> dict[str, Any]:
 def finished_steps(run_dir: Path, state: dict[str, Any]) -> int | None:
     """The steps of a finished run: its backbone exported at the checkpoint's step (None for a run in progress)."""
     try:
-        meta = json.loads((Path(run_dir) / "backbone.json").read_text())
-    except (OSError, ValueError):
+        meta = read_backbone_meta(run_dir)
+    except (CheckpointError, OSError):  # none yet, or damaged: the run is resumed (and re-exported) as usual
         return None
-    return int(state["step"]) if isinstance(meta, dict) and meta.get("steps") == int(state["step"]) else None
+    return int(state["step"]) if meta.get("steps") == int(state["step"]) else None
 
 
 class RunDir:

@@ -79,10 +79,12 @@ def budget_shares(cfg: Config, stages: list[Any]) -> list[float | None]:
     overruns its share (its export, its pictures) does not starve the next one, and a resumed run gets the same."""
     if cfg.trainer.budget is None:
         return [None] * len(stages)
-    planned = []
+    planned, sizes = [], {}
     for stage in stages:
         c = stage.cfg
-        images = split_size(c.data, c.data.train_split, c.data.fraction)
-        planned.append(max(1, run_steps(c.trainer, max(1, images // c.trainer.batch_size))))
+        key = repr(c.data)  # the stages mostly share their data: it is listed (or loaded) once
+        if key not in sizes:
+            sizes[key] = split_size(c.data, c.data.train_split, c.data.fraction)
+        planned.append(max(1, run_steps(c.trainer, max(1, sizes[key] // c.trainer.batch_size))))
     budget = parse_duration(cfg.trainer.budget)
     return [budget * p / sum(planned) for p in planned]
