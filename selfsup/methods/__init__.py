@@ -18,8 +18,10 @@ from selfsup.methods.byol import BYOL
 from selfsup.methods.extrema import ExtreMA
 from selfsup.methods.mae import MAE
 from selfsup.methods.mast import MAST
+from selfsup.methods.mocov3 import MoCoV3
 from selfsup.methods.msn import MSN
 from selfsup.methods.nnclr import NNCLR
+from selfsup.methods.simclr import SimCLR
 from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type[nn.Module]] = {
@@ -31,6 +33,8 @@ METHODS: dict[str, type[nn.Module]] = {
     "mast": MAST,
     "mae": MAE,
     "nnclr": NNCLR,
+    "simclr": SimCLR,
+    "mocov3": MoCoV3,
 }
 
 
