@@ -205,12 +205,11 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 def _stored_dtype(key: str) -> type:
     """float64 for what must be exact: losses, the EMA teacher after the update, momentum schedules, the NNCLR
-    queue (unit vectors), and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32 would round);
-    float32 for the rest. Weights
-    and inputs are made in float32 and the authors' pass runs in float64 on them, so storing them as float32
-    is exact; gradients lose only float32 rounding (relative 6e-8)."""
-    exact = (key.endswith(("/loss", "cls_token", "queue", "queue_after")) or key.startswith(("teacher_after/", "schedule/"))
-             or "/teacher_after/" in key)
+    queue (unit vectors), and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32
+    would round); float32 for the rest. Weights and inputs are made in float32 and the authors' pass runs in float64
+    on them, so storing them as float32 is exact; gradients lose only float32 rounding (relative 6e-8)."""
+    exact = (key.endswith(("/loss", "cls_token", "queue", "queue_after"))
+             or key.startswith(("teacher_after/", "schedule/")) or "/teacher_after/" in key)
     return np.float64 if exact else np.float32
 
 

@@ -358,7 +358,9 @@ def mocov3_step(case: str, **overrides: object) -> tuple[MoCoV3, torch.Tensor]:
     model = build_mocov3(meta["config"], case, **overrides)
     values = group(arrays, f"{case}/student")
     teacher = {"backbone": "momentum_encoder.module.0.", "projector": "momentum_encoder.module.1."}
-    values.update({teacher[k.split(".", 1)[0]] + k.split(".", 1)[1]: v for k, v in group(arrays, f"{case}/teacher").items()})
+    for name, value in group(arrays, f"{case}/teacher").items():
+        part, rest = name.split(".", 1)
+        values[teacher[part] + rest] = value
     params = dict(model.named_parameters())
     assert set(params) == set(values), set(params) ^ set(values)
     with torch.no_grad():
