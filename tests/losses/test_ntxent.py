@@ -69,6 +69,13 @@ def test_nt_xent_by_hand_at_the_extremes() -> None:
     assert nt_xent_loss(same, same, tau).item() == pytest.approx(math.log(2 * n - 1), rel=1e-12)
 
 
+def test_nt_xent_of_one_image_has_no_negatives_and_is_zero() -> None:
+    """N = 1: each view's softmax runs over its one other view (2N - 2 = 0 negatives), whatever the embeddings."""
+    z1, z2 = _pair(n=1)
+    assert nt_xent_loss(z1, z2, 0.5).item() == pytest.approx(0.0, abs=1e-12)
+    assert nt_xent_loss(z1, -z2, 0.1).item() == pytest.approx(0.0, abs=1e-12)
+
+
 def test_nt_xent_is_symmetric_in_the_views_and_refuses_mismatched_shapes() -> None:
     z1, z2 = _pair()
     torch.testing.assert_close(nt_xent_loss(z1, z2, 0.5), nt_xent_loss(z2, z1, 0.5))
