@@ -277,6 +277,8 @@ class EvalConfig:
     knn_k: PositiveInt = 20
     knn_temperature: Temperature = 0.07
     linear_epochs: Repeats = 30
+    # ...or this many Adam steps, whichever is more: a few hundred labels give a few steps per pass (issue 52)
+    linear_min_steps: Annotated[int, Range(ge=0, le=10**7, example="5000")] = 5000
     linear_lrs: Annotated[list[Positive], NonEmpty()] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
     linear_weight_decays: Annotated[list[NonNegative], NonEmpty()] = field(default_factory=lambda: [0.0, 1e-4])
     # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).

@@ -238,7 +238,7 @@ def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) ->
         return {"knn_top1": r["top1"], "knn_top5": r["top5"]}
     if kind == "linear":
         r = linear_probe(feats.train, feats.train_labels, feats.test, feats.test_labels, lrs=e.linear_lrs,
-                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs,
+                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs, min_steps=e.linear_min_steps,
                          label_smoothing=e.linear_label_smoothing, seed=e.seed, device=device_for(), progress=progress)
         return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
                 "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}
