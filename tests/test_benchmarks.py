@@ -77,7 +77,7 @@ def test_masking_robustness_is_one_without_masking_and_below_one_with_it(tmp_pat
                                                                           capsys) -> None:
     import masking_robustness
 
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     config = tmp_path / "vit.yaml"
@@ -475,7 +475,7 @@ def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_the
     import mast_masks
     from tiny_mast import TINY_MAST
 
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     config = tmp_path / "mast.yaml"

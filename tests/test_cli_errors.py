@@ -185,7 +185,8 @@ def test_pretrain_refuses_an_nnclr_queue_as_large_as_the_dataset(tmp_path, capsy
                       + "stages: [{name: a}, {name: b, data: {fraction: 0.25}}]\n")
     assert main(["pretrain", str(stages), f"trainer.out={tmp_path / 'run2'}"]) == 2
     assert "method.queue_size: 512 >= the 375 training images" in error_line(capsys)
-    from selfsup.config import ConfigError, load_config
+    from selfsup.config import ConfigError
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     with pytest.raises(ConfigError, match="method.queue_size: 2048 >= the 1500 training images"):

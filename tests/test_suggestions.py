@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from selfsup.cli import main
-from selfsup.config import load_config
+from selfsup.load import load_config
 from selfsup.launch import validate
 from tiny_vicreg import TINY_VICREG_8PX
 

@@ -23,8 +23,9 @@ import selfsup.eval.run
 import selfsup.launch
 from selfsup.cli import main
 from selfsup.config import (Config, DataConfig, EvalConfig, ModelConfig, MonitorConfig, NonEmpty, OptimConfig, Range,
-                            TrainerConfig, ViewConfig, load_config, parse_overrides)
+                            TrainerConfig, ViewConfig, parse_overrides)
 from selfsup.data.augment import AugmentConfig
+from selfsup.load import load_config
 from selfsup.methods import METHODS
 from selfsup.models import ResNet, VisionTransformer
 from tiny_vicreg import TINY_VICREG_8PX

@@ -32,15 +32,27 @@ class StepOutput:
     embeddings: torch.Tensor | None = None  # (B, d) projector output of one view, for collapse monitors
 
 
+class MethodConfig:
+    """What every method's config dataclass shares: the checks the launcher runs on it, each a no-op unless the
+    method's config overrides it."""
+
+    def warnings(self, global_batch: int) -> list[str]:
+        """Settings that run but are probably wrong for this batch (logged when training starts)."""
+        return []
+
+    def check_batch(self, global_batch: int) -> None:
+        """Raise a ConfigError for settings that cannot run with this batch (checked before any work)."""
+
+    def check_dataset(self, num_images: int, global_batch: int) -> None:
+        """The same once the training split's size is known (NNCLR's queue must stay below the number of images)."""
+
+
 class Method(Protocol):
     """What the training engine requires of a method (an ``nn.Module``)."""
 
-    # The method's hyper-parameters: a dataclass, filled from ``method:`` in the YAML. Optionally with
-    # ``warnings(global_batch) -> list[str]`` (settings that run but are probably wrong for this batch; logged
-    # when training starts), ``check_batch(global_batch)`` (raise a ConfigError for settings that cannot run
-    # with this batch; checked before any work) and ``check_dataset(num_images, global_batch)`` (the same once the
-    # training split's size is known: NNCLR's queue must stay below the number of images).
-    Config: ClassVar[type]
+    # The method's hyper-parameters: a dataclass derived from :class:`MethodConfig` (whose checks it may override),
+    # filled from ``method:`` in the YAML.
+    Config: ClassVar[type[MethodConfig]]
     # The network that is monitored and exported for evaluation: the online encoder for VICReg/BT/BYOL, the EMA
     # target for MSN and ExtreMA. A method whose trained encoder is another copy names that one ``encoder``
     # (the optimiser's layer decay and ``model.freeze`` apply to ``encoder`` when present, else to ``backbone``).

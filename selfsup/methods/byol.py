@@ -10,14 +10,14 @@ from torch import nn
 
 from selfsup.config import ConfigError, Widths, check_fields
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput, check_num_views
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MethodConfig, MomentumHorizon, StepOutput, check_num_views
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
 @dataclass
-class BYOLConfig:
+class BYOLConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [4096, 256])
     predictor: Widths = field(default_factory=lambda: [4096, 256])

@@ -30,7 +30,7 @@ from torch import nn
 from selfsup.config import ConfigError, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MethodConfig, MomentumHorizon, StepOutput
 from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -39,7 +39,7 @@ from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
 
 
 @dataclass
-class ExtreMAConfig:
+class ExtreMAConfig(MethodConfig):
     projector: Widths = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
     predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
     head_norm: Literal["layer", "batch"] = "layer"  # the paper's LayerNorm (BN-free), or BYOL's BatchNorm

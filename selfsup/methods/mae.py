@@ -25,13 +25,13 @@ from torch import nn
 from selfsup.config import ConfigError, Range, check_fields
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
 from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
-from selfsup.methods.base import StepOutput, check_values
+from selfsup.methods.base import MethodConfig, StepOutput, check_values
 from selfsup.models.heads import xavier_linears_
 from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
 
 @dataclass
-class MAEConfig:
+class MAEConfig(MethodConfig):
     mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.75")] = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
     # the authors' decoder: 8 blocks of width 512, 16 heads (MAE Sec. 4; MAE-CT's yamls)
     decoder_dim: Annotated[int, Range(ge=4, le=65536, example="512")] = 512

@@ -30,7 +30,7 @@ from selfsup.config import ConfigError, NonNegative, Probability, Width, check_f
 from selfsup.data.augment import MAST15_OPS, MAST_OPS, LabelledAugment, sample_op_subsets
 from selfsup.data.views import ViewGroup
 from selfsup.losses.mast import init_masks, mast_loss
-from selfsup.methods.base import StepOutput, check_num_views, check_values
+from selfsup.methods.base import MethodConfig, StepOutput, check_num_views, check_values
 from selfsup.models.heads import GaussianHead
 from selfsup.train.schedules import augmentation_count_schedule
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class MASTConfig:
+class MASTConfig(MethodConfig):
     # One mask per op, in this order: MAST-5 (the default) or any of MAST15_OPS (MAST-15: all of them).
     ops: list[str] = field(default_factory=lambda: list(MAST_OPS))
     embedding_dim: Width = 4096  # d

@@ -20,7 +20,7 @@ from torch import nn
 from selfsup.config import ConfigError, NonNegative, Range, Temperature, Width, Widths, check_fields
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MethodConfig, MomentumHorizon, StepOutput
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
@@ -28,7 +28,7 @@ from selfsup.train.schedules import ema_momentum_schedule, linear_schedule
 
 
 @dataclass
-class MSNConfig:
+class MSNConfig(MethodConfig):
     projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # hidden, hidden, out (App. A.1, code)
     projector_norm: Literal["batch", "layer", "none"] = "batch"  # BN on the hidden layers, GELU (App. A.1)
     num_prototypes: Width = 1024  # K (App. A.1, Tab. 12)

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 import selfsup.train.budget as budget
 from selfsup.cli import main
-from selfsup.config import ConfigError, load_config, parse_duration, stage_configs
+from selfsup.config import ConfigError, parse_duration, stage_configs
+from selfsup.load import load_config
 from selfsup.train.stages import budget_shares
 from tiny_vicreg import TINY_VICREG_8PX
 

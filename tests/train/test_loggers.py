@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from selfsup.cli import main
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.launch import validate
 
 TINY = """
