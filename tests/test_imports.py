@@ -2,7 +2,9 @@
 
 Every import statement counts, those inside functions included (a function-level import only hides a circle until
 the function runs). Importing ``a.b.c`` also runs the packages ``a.b`` above it, except those above the importer
-itself (Python's own package layout: ``selfsup.methods`` imports its submodules, which are inside it).
+itself (Python's own package layout: ``selfsup.methods`` imports its submodules, which are inside it). A package's
+lazy attributes (``importlib.import_module`` in its ``__getattr__``, PEP 562: ``selfsup.pretrain``,
+``selfsup.report.build_report``) are not imports of the package: they run when a user of the attribute asks for it.
 """
 
 from __future__ import annotations

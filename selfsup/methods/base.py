@@ -7,7 +7,6 @@ Methods compose; they don't inherit. A new method is one file that defines a cla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Protocol
 
 import torch
@@ -83,10 +82,6 @@ class OptionalHooks(Protocol):
 
     def after_carry_over(self) -> None:
         """Once, when a stage starts from another method's weights (EMA copies restart from the carried weights)."""
-
-    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
-        """The method's own pictures, drawn into ``out_dir`` at the end of a run, from the metrics rows and a few
-        normalised images of the evaluation split (``samples``, e.g. for MAE's reconstructions)."""
 
 
 def check_num_views(method: str, views: list[torch.Tensor], expected: int) -> None:
