@@ -12,7 +12,7 @@ import pytest
 import selfsup.methods
 from selfsup.cli import main
 from test_stages import STAGED
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import VICREG_8PX, tiny_yaml
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def parses(monkeypatch) -> Counter:
 
 def test_a_run_parses_its_method_section_once_and_so_does_its_resume(parses, tmp_path: Path) -> None:
     config, run = tmp_path / "run.yaml", tmp_path / "run"
-    config.write_text(TINY_VICREG_8PX)
+    config.write_text(tiny_yaml(VICREG_8PX))
     assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=2"]) == 0
     assert (run / "backbone.safetensors").is_file()
     assert parses == {"VICRegConfig": 1}
@@ -45,8 +45,8 @@ def test_a_staged_run_parses_each_method_section_once(parses, tmp_path: Path) ->
     made once too, so every reader of them (the checks, the stage loop) gets the same parses."""
     config, run = tmp_path / "staged.yaml", tmp_path / "run"
     config.write_text(STAGED)
-    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=1", "stages.head.trainer.max_steps=1",
-                 "stages.ct.trainer.max_steps=1"]) == 0
+    assert main(["pretrain", str(config), f"trainer.out={run}", "trainer.max_steps=1",
+                 "stages.head.trainer.max_steps=1", "stages.ct.trainer.max_steps=1"]) == 0
     assert (run / "backbone.safetensors").is_file()
     assert parses == {"MAEConfig": 2, "NNCLRConfig": 2}
 
