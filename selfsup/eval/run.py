@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import (Config, ConfigError, DataConfig, deep_merge, from_dict, load_yaml,
-                            parse_overrides)
+from selfsup.config import Config, ConfigError, DataConfig, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import EvalSplit, resolve_eval_split
 from selfsup.data.imagedata import ImageData
