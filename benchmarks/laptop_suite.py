@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 
 from accuracy_per_minute import budget_curve, calibrate, cpu_model
-from selfsup.config import Config, load_config, stage_configs
+from selfsup.config import Config, stage_configs
+from selfsup.load import load_config
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
 from selfsup.train.schedules import run_steps

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import (Config, ConfigError, DataConfig, check_method_sections, deep_merge, from_dict, load_yaml,
-                            parse_overrides)
+from selfsup.config import Config, ConfigError, DataConfig, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import EvalSplit, resolve_eval_split
 from selfsup.data.imagedata import ImageData
@@ -28,6 +27,7 @@ from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import knn_classify
 from selfsup.eval.linear import linear_probe, stratified_holdout
 from selfsup.eval.lowshot import lowshot_logistic
+from selfsup.methods import check_method_sections
 
 log = logging.getLogger("selfsup")
 
