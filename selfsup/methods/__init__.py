@@ -15,7 +15,9 @@ from selfsup.config import ConfigError, from_dict
 from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import StepOutput
 from selfsup.methods.byol import BYOL
+from selfsup.methods.dino import DINO
 from selfsup.methods.extrema import ExtreMA
+from selfsup.methods.ibot import IBOT
 from selfsup.methods.mae import MAE
 from selfsup.methods.mast import MAST
 from selfsup.methods.msn import MSN
@@ -31,6 +33,8 @@ METHODS: dict[str, type[nn.Module]] = {
     "mast": MAST,
     "mae": MAE,
     "nnclr": NNCLR,
+    "dino": DINO,
+    "ibot": IBOT,
 }
 
 
