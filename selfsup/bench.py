@@ -98,8 +98,7 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         optimizer.step()
-        if hasattr(method, "after_step"):
-            method.after_step(i)
+        method.after_step(i)
         sync()
         if i >= warmup:
             step_time += time.perf_counter() - start

@@ -1,8 +1,8 @@
 """Methods: each builds its heads around a backbone and defines one training step.
 
 ``METHODS`` is the registry: a method's name in the YAML -> its class. What a method must define (and the
-optional hooks the engine calls) is written down once, in :mod:`selfsup.methods.base` (:class:`Method`,
-:class:`OptionalHooks`); :mod:`selfsup.methods.assemble` builds a method around its backbone for training.
+hooks the engine calls) is written down once, in :mod:`selfsup.methods.base` (:class:`MethodBase`);
+:mod:`selfsup.methods.assemble` builds a method around its backbone for training.
 """
 
 from __future__ import annotations

@@ -94,8 +94,7 @@ def carry_over(method: nn.Module, state: dict[str, torch.Tensor], log_to: loggin
                           "parameter name and shape in common); chain methods that keep the encoder as "
                           "`encoder` (mae, nnclr) on the same model")
     method.load_state_dict(matched, strict=False)
-    if hasattr(method, "after_carry_over"):
-        method.after_carry_over()
+    method.after_carry_over()
     if log_to is not None:
         parts = lambda keys: ", ".join(sorted({k.split(".")[0] for k in keys}))  # noqa: E731
         fresh = [k for k in own if k not in matched]

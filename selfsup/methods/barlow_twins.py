@@ -16,7 +16,7 @@ from torch import nn
 
 from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import barlow_twins_multiview_loss
-from selfsup.methods.base import StepOutput, check_min_views
+from selfsup.methods.base import MethodBase, StepOutput
 from selfsup.methods.small_projectors import barlow_twins_beta, build_projector, output_width
 
 
@@ -33,7 +33,7 @@ class BarlowTwinsConfig:
         check_fields(self, "method.")
 
 
-class BarlowTwins(nn.Module):
+class BarlowTwins(MethodBase):
     Config = BarlowTwinsConfig
 
     def __init__(self, backbone: nn.Module, cfg: BarlowTwinsConfig, total_steps: int) -> None:
@@ -49,7 +49,6 @@ class BarlowTwins(nn.Module):
         return self.cfg.lambd
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_min_views("Barlow Twins", views, 2)
         z = [self.projector(self.backbone(view)) for view in views]
         loss, terms = barlow_twins_multiview_loss(z, self.off_diagonal_weight(len(views)))
         return StepOutput(loss, terms, z[0].detach())

@@ -1,20 +1,22 @@
-"""What every method shares: the method protocol, the step output and config validation.
+"""What every method shares: the method base class and its hooks, the step output, the EMA fields, config validation.
 
-Methods compose; they don't inherit. A new method is one file that defines a class following :class:`Method`
-(plus any of :class:`OptionalHooks`), and one line in ``METHODS`` (``selfsup/methods/__init__.py``).
+A new method is one file that defines a :class:`MethodBase` subclass (overriding the hooks it needs), and one line
+in ``METHODS`` (``selfsup/methods/__init__.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
 from selfsup.config import ConfigError, Momentum, Range
 from selfsup.data.views import ViewGroup
+from selfsup.train.schedules import ema_momentum_schedule
 
 # The fields of an EMA teacher, shared by BYOL, MSN and ExtreMA (their ranges are checked on load, with the others).
 EMAMomentum = Momentum
@@ -32,39 +34,45 @@ class StepOutput:
     embeddings: torch.Tensor | None = None  # (B, d) projector output of one view, for collapse monitors
 
 
-class Method(Protocol):
-    """What the training engine requires of a method (an ``nn.Module``)."""
+class MethodBase(nn.Module):
+    """What the training engine requires of a method, and the hooks it calls on every method (no-ops here).
 
-    # The method's hyper-parameters: a dataclass, filled from ``method:`` in the YAML. Optionally with
-    # ``warnings(global_batch) -> list[str]`` (settings that run but are probably wrong for this batch; logged
-    # when training starts), ``check_batch(global_batch)`` (raise a ConfigError for settings that cannot run
-    # with this batch; checked before any work) and ``check_dataset(num_images, global_batch)`` (the same once the
-    # training split's size is known: NNCLR's queue must stay below the number of images).
+    A method defines ``Config`` (its hyper-parameters: a dataclass, filled from ``method:`` in the YAML, with
+    ``VIEWS = (least, most or None)``, the views per image its step takes, checked when the config is loaded),
+    ``__init__(backbone, cfg, total_steps)`` (the heads around ``backbone``; ``total_steps`` sizes the method's own
+    schedules, e.g. EMA momentum) and ``forward(views) -> StepOutput`` (one training step on the step's views,
+    normalised and on the device). The config may define ``warnings(global_batch) -> list[str]`` (settings that run
+    but are probably wrong for this batch; logged when training starts), ``check_batch(global_batch)`` (raise a
+    ConfigError for settings that cannot run with this batch) and ``check_dataset(num_images, global_batch)`` (the
+    same once the training split's size is known: NNCLR's queue must stay below the number of images).
+
+    ``backbone`` is the network that is monitored and exported for evaluation: the online encoder for
+    VICReg/BT/BYOL, the EMA target for MSN and ExtreMA. A method whose trained encoder is another copy names that one
+    ``encoder`` (the optimiser's layer decay and ``model.freeze`` apply to ``encoder`` when present, else to
+    ``backbone``).
+    """
+
     Config: ClassVar[type]
-    # The network that is monitored and exported for evaluation: the online encoder for VICReg/BT/BYOL, the EMA
-    # target for MSN and ExtreMA. A method whose trained encoder is another copy names that one ``encoder``
-    # (the optimiser's layer decay and ``model.freeze`` apply to ``encoder`` when present, else to ``backbone``).
     backbone: nn.Module
-
-    def __init__(self, backbone: nn.Module, cfg: Any, total_steps: int) -> None:
-        """Build the heads around ``backbone``; ``total_steps`` sizes the method's own schedules (EMA momentum)."""
-
-    def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        """One training step on the step's views (normalised, on the device): the loss and what to log."""
-
-
-class OptionalHooks(Protocol):
-    """Hooks the engine calls only where a method defines them."""
-
+    # The method draws its views itself (``make_views``) instead of taking the config's view groups.
+    OWN_VIEWS: ClassVar[bool] = False
     # Constructor arguments of the exported backbone that differ at evaluation (MSN: ``{"pool": "cls_prenorm"}``).
     export_params: dict[str, Any]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.export_params = {}
+
+    def forward(self, views: list[torch.Tensor]) -> StepOutput:
+        raise NotImplementedError
+
     def attach_views(self, groups: list[ViewGroup]) -> None:
-        """Receive the config's view groups once, before training (with :meth:`make_views`)."""
+        """Receive the config's view groups once, before training (methods with ``OWN_VIEWS``)."""
 
     def make_views(self, images: torch.Tensor, step: int) -> list[torch.Tensor]:
-        """Draw the step's views from the batch in [0, 1] instead of the config's view groups (MAST: its loss
-        needs to know which augmentations each pair got)."""
+        """With ``OWN_VIEWS``: draw the step's views from the batch in [0, 1] instead of the config's view groups
+        (MAST: its loss needs to know which augmentations each pair got)."""
+        raise NotImplementedError(f"{type(self).__name__} takes the config's views (OWN_VIEWS is False)")
 
     def after_step(self, step: int) -> None:
         """After the optimiser step of ``step`` (counted from 0): EMA updates, queues."""
@@ -72,21 +80,20 @@ class OptionalHooks(Protocol):
     def after_carry_over(self) -> None:
         """Once, when a stage starts from another method's weights (EMA copies restart from the carried weights)."""
 
-    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
-        """The method's own pictures, drawn into ``out_dir`` at the end of a run, from the metrics rows and a few
-        normalised images of the evaluation split (``samples``, e.g. for MAE's reconstructions)."""
 
+@dataclass
+class EMAConfig:
+    """The momentum fields of a method with an EMA teacher (BYOL, MSN, ExtreMA); its config inherits them."""
 
-def check_num_views(method: str, views: list[torch.Tensor], expected: int) -> None:
-    if len(views) != expected:
-        raise ValueError(f"{method} needs {expected} views per image but the config makes {len(views)}; "
-                         f"set `views` to {expected} view specs of num 1 (see configs/presets/)")
+    momentum: EMAMomentum = 0.996  # the starting momentum m0 (the papers' value)
+    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
+    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
 
-
-def check_min_views(method: str, views: list[torch.Tensor], minimum: int) -> None:
-    if len(views) < minimum:
-        raise ValueError(f"{method} needs at least {minimum} views per image but the config makes {len(views)}; "
-                         f"list more view specs or raise their num (e.g. views.0.num={minimum})")
+    def momentum_schedule(self, shape: Callable[..., np.ndarray], total_steps: int,
+                          stretch: float = 1.0) -> np.ndarray:
+        """The momentum per step, from the start to ``momentum_end`` along ``shape`` (:func:`ema_momentum_schedule`)."""
+        return ema_momentum_schedule(shape, self.momentum, self.momentum_horizon, self.momentum_end, total_steps,
+                                     stretch)
 
 
 def check_values(cfg: object, checks: dict[str, bool], allowed: dict[str, str]) -> None:

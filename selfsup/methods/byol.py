@@ -10,20 +10,17 @@ from torch import nn
 
 from selfsup.config import ConfigError, Widths, check_fields
 from selfsup.losses.byol import byol_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput, check_num_views
+from selfsup.methods.base import EMAConfig, MethodBase, StepOutput
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
+from selfsup.train.schedules import cosine_schedule
 
 
 @dataclass
-class BYOLConfig:
+class BYOLConfig(EMAConfig):  # momentum: tau_base, increased to momentum_end with a cosine schedule (Sec. 3.2)
     VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [4096, 256])
     predictor: Widths = field(default_factory=lambda: [4096, 256])
-    momentum: EMAMomentum = 0.996  # tau_base; increases to 1 with a cosine schedule (Sec. 3.2)
-    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
-    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
 
     def __post_init__(self) -> None:
         check_fields(self, "method.")
@@ -32,7 +29,7 @@ class BYOLConfig:
                               f"predicts the target's projection), got {self.predictor}")
 
 
-class BYOL(nn.Module):
+class BYOL(MethodBase):
     Config = BYOLConfig
 
     def __init__(self, backbone: nn.Module, cfg: BYOLConfig, total_steps: int) -> None:
@@ -40,12 +37,10 @@ class BYOL(nn.Module):
         self.backbone = backbone
         self.projector = mlp([backbone.num_features, *cfg.projector], norm="batch", act="relu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="batch", act="relu")
-        self.target = EMATeacher(nn.Sequential(backbone, self.projector))
-        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
-                                              total_steps)
+        self.target = EMATeacher(nn.Sequential(backbone, self.projector), cfg.momentum_schedule(cosine_schedule,
+                                                                                                 total_steps))
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_num_views("BYOL", views, 2)
         z = [self.projector(self.backbone(view)) for view in views]
         p = [self.predictor(zi) for zi in z]
         t = [self.target(view) for view in views]
@@ -53,4 +48,4 @@ class BYOL(nn.Module):
         return StepOutput(loss, {}, z[0].detach())
 
     def after_step(self, step: int) -> None:
-        self.target.update(nn.Sequential(self.backbone, self.projector), float(self.momentum[min(step, len(self.momentum) - 1)]))
+        self.target.step(step, nn.Sequential(self.backbone, self.projector))

@@ -22,7 +22,7 @@ non-affine BatchNorm: ``eval_pool: cls_prenorm`` with the probes' standardisatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -30,16 +30,18 @@ from torch import nn
 from selfsup.config import ConfigError, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.data.masking import multi_mask_keep_indices, num_keep
 from selfsup.losses.extrema import extrema_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAConfig, MethodBase, StepOutput
 from selfsup.models.heads import mlp, xavier_linears_
 from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.ema import EMATeacher
 from selfsup.train.queue import FeatureQueue, check_queue_batch, check_queue_dataset
-from selfsup.train.schedules import cosine_schedule, ema_momentum_schedule
+from selfsup.train.schedules import cosine_schedule
 
 
 @dataclass
-class ExtreMAConfig:
+class ExtreMAConfig(EMAConfig):  # momentum: the teacher's, cosine to momentum_end per step (Sec. 5.1)
+    # 1 view (the teacher sees the student's image) or 2 (student, teacher), e.g. {preset: extrema, num: 2, shared_crop: true}
+    VIEWS: ClassVar[tuple[int, int | None]] = (1, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [4096, 4096, 256])  # 3 Linear layers, LN + GELU (Sec. 3, code)
     predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 Linear layers
     head_norm: Literal["layer", "batch"] = "layer"  # the paper's LayerNorm (BN-free), or BYOL's BatchNorm
@@ -52,9 +54,6 @@ class ExtreMAConfig:
     # InfoNCE only: 0 = the global batch's other keys are the negatives (the paper, MoCo v3 at batch 4096); > 0 = also
     # a FIFO of this many past teacher keys (MoCo v2's queue; not the paper's, level on CIFAR-10, docs/benchmarks.md)
     queue_size: Annotated[int, Range(ge=0, le=2**26, example="4096")] = 0
-    momentum: EMAMomentum = 0.996  # teacher EMA, cosine to momentum_end per step (Sec. 5.1)
-    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
-    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher: None = the trained instance representation (model.params.pool, the paper's
     # class-attention [CLS]); "mean" = the mean patch token (the "distributed representation" it fine-tunes);
     # "cls_prenorm" = that [CLS] before the final LayerNorm, the authors' linear-probe feature (+ a non-affine BN)
@@ -77,7 +76,7 @@ class ExtreMAConfig:
         check_queue_dataset(self.queue_size, num_images, global_batch, "one of its own negatives")
 
 
-class ExtreMA(nn.Module):
+class ExtreMA(MethodBase):
     """Masked ViT student + projector + predictor, regressed onto an EMA teacher of the full image."""
 
     Config = ExtreMAConfig
@@ -103,15 +102,14 @@ class ExtreMA(nn.Module):
         self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.head_norm, act="gelu")
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm=cfg.head_norm, act="gelu")
         xavier_linears_(self)  # the authors' init of every Linear layer (ViT and heads), before the teacher copy
-        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
+        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector),
+                                 cfg.momentum_schedule(cosine_schedule, total_steps))
         for module in self.target.modules():  # stochastic depth on the student only (authors' code)
             if isinstance(module, DropPath):
                 module.drop_prob = 0.0
         self.queue = FeatureQueue(cfg.queue_size, cfg.projector[-1]) if cfg.queue_size else None
         self.export_params = {"pool": cfg.eval_pool or backbone.pool}
         self.target.module[0].pool = self.export_params["pool"]  # its forward() is the evaluated feature
-        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
-                                              total_steps)
 
     @property
     def backbone(self) -> nn.Module:
@@ -124,9 +122,6 @@ class ExtreMA(nn.Module):
         return {f"encoder.{name}" for name in self.encoder.no_weight_decay()}
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        if len(views) not in (1, 2):
-            raise ValueError(f"ExtreMA needs 1 view (the teacher sees the student's image) or 2 (student, teacher) "
-                             f"but the config makes {len(views)}; e.g. views: [{{preset: extrema, num: 2, shared_crop: true}}]")
         c = self.cfg
         student_view, teacher_view = views[0], views[-1]
         batch = student_view.shape[0]
@@ -150,5 +145,4 @@ class ExtreMA(nn.Module):
         ``xi <- m xi + (1 - m) theta``."""
         if self.queue is not None:
             self.queue.push_pending()
-        m = float(self.momentum[min(step, len(self.momentum) - 1)])
-        self.target.update(nn.Sequential(self.encoder, self.projector), m)
+        self.target.step(step, nn.Sequential(self.encoder, self.projector))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -25,13 +25,15 @@ from torch import nn
 from selfsup.config import ConfigError, Range, check_fields
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
 from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
-from selfsup.methods.base import StepOutput, check_values
+from selfsup.methods.base import MethodBase, StepOutput, check_values
 from selfsup.models.heads import xavier_linears_
 from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
 
 @dataclass
 class MAEConfig:
+    # one view (MAE) or more (MAE-CT's re-implementation: two), each masked independently
+    VIEWS: ClassVar[tuple[int, int | None]] = (1, None)  # views per image (least, most), checked on load
     mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.75")] = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
     # the authors' decoder: 8 blocks of width 512, 16 heads (MAE Sec. 4; MAE-CT's yamls)
     decoder_dim: Annotated[int, Range(ge=4, le=65536, example="512")] = 512
@@ -78,7 +80,7 @@ class MAEDecoder(nn.Module):
         return out[:, 1:] if cls is not None else out
 
 
-class MAE(nn.Module):
+class MAE(MethodBase):
     """Encoder on the visible patches + decoder regressing the masked ones."""
 
     Config = MAEConfig

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from selfsup.config import ConfigError, NonNegative, Probability, Width, check_f
 from selfsup.data.augment import MAST15_OPS, MAST_OPS, LabelledAugment, sample_op_subsets
 from selfsup.data.views import ViewGroup
 from selfsup.losses.mast import init_masks, mast_loss
-from selfsup.methods.base import StepOutput, check_num_views, check_values
+from selfsup.methods.base import MethodBase, StepOutput, check_values
 from selfsup.models.heads import GaussianHead
 from selfsup.train.schedules import augmentation_count_schedule
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class MASTConfig:
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     # One mask per op, in this order: MAST-5 (the default) or any of MAST15_OPS (MAST-15: all of them).
     ops: list[str] = field(default_factory=lambda: list(MAST_OPS))
     embedding_dim: Width = 4096  # d
@@ -84,8 +85,9 @@ class MASTConfig:
 
 
 
-class MAST(nn.Module):
+class MAST(MethodBase):
     Config = MASTConfig
+    OWN_VIEWS = True  # Eq. 4 needs to know which augmentations each pair got
 
     def __init__(self, backbone: nn.Module, cfg: MASTConfig, total_steps: int) -> None:
         super().__init__()
@@ -150,7 +152,6 @@ class MAST(nn.Module):
         return self.projector(encode(view))
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_num_views("MAST", views, 2)
         if self.active is None or len(self.active) != len(views[0]):
             raise RuntimeError("MAST.forward needs the pairs of make_views (the engine calls it every step)")
         (mu_a, var_a), (mu_b, var_b) = (self.embed(view) for view in views)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -20,15 +20,16 @@ from torch import nn
 from selfsup.config import ConfigError, NonNegative, Range, Temperature, Width, Widths, check_fields
 from selfsup.data.masking import random_keep_indices
 from selfsup.losses.msn import msn_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAConfig, MethodBase, StepOutput
 from selfsup.models.heads import Prototypes, mlp
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import ema_momentum_schedule, linear_schedule
+from selfsup.train.schedules import linear_schedule
 
 
 @dataclass
-class MSNConfig:
+class MSNConfig(EMAConfig):  # momentum: linear to momentum_end (App. A.1)
+    VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # hidden, hidden, out (App. A.1, code)
     projector_norm: Literal["batch", "layer", "none"] = "batch"  # BN on the hidden layers, GELU (App. A.1)
     num_prototypes: Width = 1024  # K (App. A.1, Tab. 12)
@@ -44,9 +45,6 @@ class MSNConfig:
     # views after the target that are randomly masked; the rest are focal views
     masked_views: Annotated[int, Range(ge=0, le=256)] = 1
     shared_mask: bool = False  # one mask for the whole batch (authors' code) instead of one per image
-    momentum: EMAMomentum = 0.996  # EMA momentum, linear to momentum_end (App. A.1)
-    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
-    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
     # authors' code: 1.25 (schedule built 1.25x longer, ends at ~0.9992)
     momentum_stretch: Annotated[float, Range(ge=1, le=100, example="1.25 (the authors' code)")] = 1.0
     # exported feature: [CLS] before the final norm (code), after it, or the mean patch token (small ViTs, laptop preset)
@@ -66,11 +64,10 @@ class MSNConfig:
         check_fields(self, "method.")
 
 
-class MSN(nn.Module):
+class MSN(MethodBase):
     """Anchor encoder + projection head + prototypes, trained against an EMA target (Fig. 3)."""
 
     Config = MSNConfig
-    export_params: dict[str, str]
 
     def __init__(self, backbone: nn.Module, cfg: MSNConfig, total_steps: int) -> None:
         super().__init__()
@@ -82,10 +79,9 @@ class MSN(nn.Module):
         self.encoder = backbone
         self.projector = mlp([backbone.num_features, *cfg.projector], norm=cfg.projector_norm, act="gelu")
         self.prototypes = Prototypes(cfg.num_prototypes, cfg.projector[-1])
-        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector))
+        self.target = EMATeacher(nn.Sequential(self.encoder, self.projector),
+                                 cfg.momentum_schedule(linear_schedule, total_steps, cfg.momentum_stretch))
         self.target.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
-        self.momentum = ema_momentum_schedule(linear_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
-                                              total_steps, cfg.momentum_stretch)
         self.export_params = {"pool": cfg.eval_pool}
 
     @property
@@ -128,5 +124,4 @@ class MSN(nn.Module):
 
     def after_step(self, step: int) -> None:
         """EMA update of the target encoder and head, ``theta_bar <- m theta_bar + (1 - m) theta``."""
-        m = float(self.momentum[min(step, len(self.momentum) - 1)])
-        self.target.update(nn.Sequential(self.encoder, self.projector), m)
+        self.target.step(step, nn.Sequential(self.encoder, self.projector))

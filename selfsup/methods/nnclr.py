@@ -25,7 +25,7 @@ from torch import nn
 
 from selfsup.config import Momentum, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.losses.infonce import info_nce_loss
-from selfsup.methods.base import StepOutput, check_num_views, check_values
+from selfsup.methods.base import MethodBase, StepOutput, check_values
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.queue import FeatureQueue, check_queue_batch, check_queue_dataset
@@ -60,7 +60,7 @@ class NNCLRConfig:
                             "its nearest neighbour (a self-positive)")
 
 
-class NNCLR(nn.Module):
+class NNCLR(MethodBase):
     """Encoder + projector + predictor, a support queue, optional EMA projector (NN path) and EMA encoder (export)."""
 
     Config = NNCLRConfig
@@ -76,8 +76,8 @@ class NNCLR(nn.Module):
                              bias=False, last_bias=False)
         self.predictor = mlp([cfg.projector[-1], *cfg.predictor], norm="batch", act="relu", bias=False, last_bias=False)
         self.queue = FeatureQueue(cfg.queue_size, cfg.projector[-1])
-        self.projector_ema = EMATeacher(self.projector) if cfg.projector_momentum is not None else None
-        self.encoder_ema = EMATeacher(self.encoder) if cfg.encoder_momentum is not None else None
+        self.projector_ema = EMATeacher(self.projector, cfg.projector_momentum) if cfg.projector_momentum is not None else None
+        self.encoder_ema = EMATeacher(self.encoder, cfg.encoder_momentum) if cfg.encoder_momentum is not None else None
 
     @property
     def backbone(self) -> nn.Module:
@@ -91,7 +91,6 @@ class NNCLR(nn.Module):
                 ema.module.load_state_dict(online.state_dict())
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_num_views("NNCLR", views, 2)
         c = self.cfg
         y = [self.encoder(view) for view in views]
         z = [self.projector(yi) for yi in y]  # the head runs per view: BatchNorm statistics per view
@@ -108,6 +107,6 @@ class NNCLR(nn.Module):
     def after_step(self, step: int) -> None:
         self.queue.push_pending()
         if self.projector_ema is not None:
-            self.projector_ema.update(self.projector, self.cfg.projector_momentum)
+            self.projector_ema.step(step, self.projector)
         if self.encoder_ema is not None:
-            self.encoder_ema.update(self.encoder, self.cfg.encoder_momentum)
+            self.encoder_ema.step(step, self.encoder)

@@ -16,7 +16,7 @@ from torch import nn
 
 from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import vicreg_multiview_loss
-from selfsup.methods.base import StepOutput, check_min_views
+from selfsup.methods.base import MethodBase, StepOutput
 from selfsup.methods.small_projectors import build_projector, output_width, vicreg_sim_weight
 
 
@@ -33,7 +33,7 @@ class VICRegConfig:
         check_fields(self, "method.")
 
 
-class VICReg(nn.Module):
+class VICReg(MethodBase):
     Config = VICRegConfig
 
     def __init__(self, backbone: nn.Module, cfg: VICRegConfig, total_steps: int) -> None:
@@ -45,7 +45,6 @@ class VICReg(nn.Module):
         self.var_weight = self.sim_weight if cfg.var_weight == "auto" else cfg.var_weight
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        check_min_views("VICReg", views, 2)
         z = [self.expander(self.backbone(view)) for view in views]
         loss, terms = vicreg_multiview_loss(z, self.sim_weight, self.var_weight, self.cfg.cov_weight)
         return StepOutput(loss, terms, z[0].detach())

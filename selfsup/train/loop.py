@@ -155,8 +155,7 @@ def train_step(fabric: Any, method: nn.Module, raw_method: nn.Module, optimizer:
     if clip_grad:
         fabric.clip_gradients(method, optimizer, max_norm=clip_grad)
     optimizer.step()
-    if hasattr(raw_method, "after_step"):
-        raw_method.after_step(step)
+    raw_method.after_step(step)
     return out
 
 

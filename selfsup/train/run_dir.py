@@ -430,7 +430,7 @@ class RunDir:
     def export(self, folder: Path, step: int) -> None:
         """The backbone as evaluation reads it: safetensors + backbone.json (with the step and training time)."""
         meta = dict(self.backbone_meta)
-        meta["params"] = {**meta["params"], **getattr(self.method, "export_params", {})}
+        meta["params"] = {**meta["params"], **self.method.export_params}
         export_backbone(folder, self.method.backbone, {**meta, "steps": step, **self.clock.state()})
 
     def last_checkpoint_text(self, step: int) -> str:

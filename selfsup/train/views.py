@@ -53,10 +53,10 @@ def build_view_groups(cfg: Config, image_size: int, mean: list[float], std: list
     return groups
 
 
-def views_maker(method: nn.Module, groups: list[ViewGroup]) -> Callable[[torch.Tensor, int], list[torch.Tensor]]:
+def views_maker(method: nn.Module | None, groups: list[ViewGroup]) -> Callable[[torch.Tensor, int], list[torch.Tensor]]:
     """``(images in [0, 1], step) -> views``: the config's view groups, or the method's own ``make_views``
     (MAST draws its pairs itself: its loss needs to know which augmentations each pair got)."""
-    if hasattr(method, "make_views"):
+    if method is not None and method.OWN_VIEWS:
         method.attach_views(groups)
         return method.make_views
     return lambda images, step: make_views(images, groups)
@@ -65,7 +65,7 @@ def views_maker(method: nn.Module, groups: list[ViewGroup]) -> Callable[[torch.T
 def crop_specs(data: StreamedSplit, groups: list[ViewGroup], method: nn.Module | None) -> list[CropSpec]:
     """What the streaming loader crops: every view group's crops, or, for a method that draws its own views
     (MAST), each image's centre square at ``data.image_size``."""
-    if hasattr(method, "make_views"):
+    if method is not None and method.OWN_VIEWS:
         return [CropSpec(data.image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)]
     return [g.crop_spec for g in groups]
 
@@ -87,7 +87,7 @@ class StepViews:
         self.data, self.sampler, self.groups, self.seed = data, sampler, [g.to(device) for g in groups], seed
         self.device, self.memory_format = device, memory_format
         self.streamed = isinstance(data, StreamedSplit)
-        self.own_views = hasattr(method, "make_views")
+        self.own_views = method is not None and method.OWN_VIEWS
         self.make = views_maker(method, self.groups)
         self.unreadable = 0
         self.reported = set() if reported is None else reported  # unreadable files named already this session

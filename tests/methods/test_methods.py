@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError
+from selfsup.config import ConfigError, load_config
 from selfsup.losses.barlow import barlow_twins_loss
 from selfsup.losses.byol import byol_loss
 from selfsup.losses.vicreg import vicreg_loss
-from selfsup.methods import build_method
+from selfsup.methods import METHODS, build_method
 from selfsup.methods.barlow_twins import BarlowTwinsConfig
 from selfsup.methods.byol import BYOLConfig
 from selfsup.methods.vicreg import VICRegConfig
@@ -51,16 +51,18 @@ def test_forward_gives_finite_scalar_loss_and_backbone_gradients(name: str) -> N
     assert sum(g.abs().sum().item() for g in grads) > 0
 
 
-@pytest.mark.parametrize("name", list(SPECS))
-def test_wrong_number_of_views_raises(name: str) -> None:
-    method = _method(name)
-    if name == "byol":
-        with pytest.raises(ValueError, match="2 views"):
-            method(_views(3))
-    else:  # VICReg and Barlow Twins take M >= 2 views (tests/methods/test_small_projectors.py)
-        assert torch.isfinite(method(_views(3)).loss)
-    with pytest.raises(ValueError, match="2 views"):
-        method(_views(1))
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_declares_its_views_and_a_count_outside_them_is_refused_on_load(name: str) -> None:
+    """The one view-count check: the method config's VIEWS = (least, most), against the sum of views.*.num when the
+    config is loaded (no method checks its views inside its step)."""
+    least, most = METHODS[name].Config.VIEWS
+    assert 1 <= least and (most is None or most >= least)
+    counts = [least - 1] + ([most + 1] if most is not None else [])
+    for made in [n for n in counts if n >= 1]:
+        with pytest.raises(ConfigError, match=f"method {name} needs .* views per image but the config makes {made}"):
+            load_config(None, [f"method.name={name}", f"views=[{{preset: minimal, num: {made}}}]"])
+    ok = least if name != "mast" else 2
+    assert load_config(None, [f"method.name={name}", f"views=[{{preset: minimal, num: {ok}}}]"]).method["name"] == name
 
 
 def test_vicreg_step_is_the_vicreg_loss_of_the_expanded_views() -> None:
@@ -146,7 +148,7 @@ def test_byol_after_step_moves_target_by_the_momentum_schedule() -> None:
         method.after_step(step)
         torch.testing.assert_close(target_w.detach(), m * t0 + (1 - m) * s, rtol=1e-6, atol=1e-7)
         assert (target_w - t0).abs().max() > 0
-    assert method.momentum[0] == pytest.approx(0.996) and method.momentum[4] > 0.996
+    assert method.target.momentum[0] == pytest.approx(0.996) and method.target.momentum[4] > 0.996
 
 
 def test_byol_heads_are_linear_bn_relu_mlps_and_the_predictor_reads_the_projection() -> None:
@@ -167,10 +169,26 @@ def test_byol_predictor_must_end_at_the_projector_width() -> None:
 
 def test_byol_momentum_schedule() -> None:
     total = 200
-    m = _method("byol", total_steps=total).momentum
+    m = _method("byol", total_steps=total).target.momentum
     assert len(m) == total
     assert m[0] == pytest.approx(0.996) and 0.99999 < m[-1] < 1.0
     assert all(a <= b for a, b in zip(m[:-1], m[1:]))
     k = torch.arange(total, dtype=torch.float64)
     tau = 1 - (1 - 0.996) * (torch.cos(torch.pi * k / total) + 1) / 2  # BYOL Sec. 3.2
     torch.testing.assert_close(torch.as_tensor(m, dtype=torch.float64), tau)
+
+
+def test_the_engine_calls_method_hooks_without_probing_for_them() -> None:
+    """Every method is a MethodBase whose hooks are no-ops by default: no ``hasattr(method, "<hook>")`` in the engine."""
+    import re
+    from pathlib import Path
+
+    import selfsup
+    from selfsup.methods.base import MethodBase
+
+    assert all(issubclass(cls, MethodBase) for cls in METHODS.values())
+    probe = re.compile(r"hasattr\([^)]*\"(after_step|after_carry_over|make_views|attach_views|export_params)\"")
+    root = Path(selfsup.__file__).parent
+    found = [f"{path.relative_to(root)}:{i}" for path in root.rglob("*.py")
+             for i, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    assert not found, found

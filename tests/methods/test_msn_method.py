@@ -92,7 +92,7 @@ def test_target_gets_no_gradient_while_encoder_head_and_prototypes_do() -> None:
 def test_ema_update_follows_the_stretched_linear_momentum_schedule() -> None:
     method = _method(total_steps=8, momentum_stretch=1.25)
     # Code: m(t) = 0.996 + 0.004 t / (1.25 T), so the last step is 0.996 + 0.004 * 7 / 10, not 1.
-    torch.testing.assert_close(torch.as_tensor(method.momentum), 0.996 + 0.004 * torch.arange(8.0, dtype=torch.float64) / 10)
+    torch.testing.assert_close(torch.as_tensor(method.target.momentum), 0.996 + 0.004 * torch.arange(8.0, dtype=torch.float64) / 10)
     online, target = method.encoder.patch_embed.weight, method.backbone.patch_embed.weight
     assert torch.equal(online, target) and online.data_ptr() != target.data_ptr()
     with torch.no_grad():
@@ -227,16 +227,16 @@ trainer: {max_steps: 4, batch_size: 32, log_every_steps: 2, progress: false, cha
 def test_momentum_horizon_sizes_the_ema_to_the_run() -> None:
     for steps in (200, 800):
         method = _method(total_steps=steps, momentum_horizon=0.05)
-        assert method.momentum[0] == pytest.approx(1 - 1 / (0.05 * steps))
-        assert method.momentum[-1] < 1.0 and np.all(np.diff(method.momentum) > 0)  # still linear to 1
+        assert method.target.momentum[0] == pytest.approx(1 - 1 / (0.05 * steps))
+        assert method.target.momentum[-1] < 1.0 and np.all(np.diff(method.target.momentum) > 0)  # still linear to 1
     byol = build_method({"name": "byol", "projector": [8, 4], "predictor": [8, 4], "momentum_horizon": 0.1},
                         build_backbone("resnet", block="basic", layers=[1], width=4, in_channels=3), 50)
-    assert byol.momentum[0] == pytest.approx(0.8)
+    assert byol.target.momentum[0] == pytest.approx(0.8)
     held = _method(total_steps=800, momentum_horizon=0.05, momentum_end=None)  # null: the start, held
-    np.testing.assert_allclose(held.momentum, 1 - 1 / (0.05 * 800))
+    np.testing.assert_allclose(held.target.momentum, 1 - 1 / (0.05 * 800))
     byol = build_method({"name": "byol", "projector": [8, 4], "predictor": [8, 4], "momentum_horizon": 0.1,
                          "momentum_end": None}, build_backbone("resnet", block="basic", layers=[1], width=4), 50)
-    np.testing.assert_allclose(byol.momentum, 0.8)
+    np.testing.assert_allclose(byol.target.momentum, 0.8)
     for bad in (0.0, 1.5):
         with pytest.raises(ConfigError, match="momentum_horizon"):
             _method(momentum_horizon=bad)

@@ -197,7 +197,7 @@ def test_eval_pool_sets_the_exported_and_the_trained_feature() -> None:
     method = _method(eval_pool="cls")
     assert method.export_params == {"pool": "cls"} and method.encoder.pool == "cls"
     plain = _method()
-    assert not hasattr(plain, "export_params") and plain.encoder.pool == "mean"  # model.params.pool stays
+    assert plain.export_params == {} and plain.encoder.pool == "mean"  # model.params.pool stays
 
 
 def test_after_step_pushes_a_step_once() -> None:

@@ -22,7 +22,7 @@ def _perturb(module: nn.Module) -> None:
 
 def test_teacher_is_a_frozen_independent_copy() -> None:
     student = _student()
-    ema = EMATeacher(student)
+    ema = EMATeacher(student, 0.99)
     for (n, t), s in zip(ema.module.named_parameters(), student.parameters()):
         assert not t.requires_grad and s.requires_grad
         assert torch.equal(t, s) and t.data_ptr() != s.data_ptr(), n
@@ -34,7 +34,7 @@ def test_teacher_is_a_frozen_independent_copy() -> None:
 @pytest.mark.parametrize("m", [0.9, 0.996, 0.5])
 def test_update_is_the_ema_formula(m: float) -> None:
     student = _student()
-    ema = EMATeacher(student)
+    ema = EMATeacher(student, 0.99)
     _perturb(student)
     teacher_before = [p.clone() for p in ema.module.parameters()]
     ema.update(student, m)
@@ -45,7 +45,7 @@ def test_update_is_the_ema_formula(m: float) -> None:
 
 def test_momentum_one_keeps_teacher_and_zero_copies_student() -> None:
     student = _student()
-    ema = EMATeacher(student)
+    ema = EMATeacher(student, 0.99)
     _perturb(student)
     before = [p.clone() for p in ema.module.parameters()]
     ema.update(student, 1.0)
@@ -57,7 +57,7 @@ def test_momentum_one_keeps_teacher_and_zero_copies_student() -> None:
 
 def test_buffers_are_copied_from_student() -> None:
     student = _student()
-    ema = EMATeacher(student)
+    ema = EMATeacher(student, 0.99)
     student.train()
     student(torch.randn(8, 3, dtype=torch.float64) * 3 + 2)  # moves BatchNorm running statistics
     bn_s, bn_t = student[1], ema.module[1]
@@ -70,7 +70,7 @@ def test_buffers_are_copied_from_student() -> None:
 
 def test_teacher_gets_no_gradient() -> None:
     student = _student()
-    ema = EMATeacher(student)
+    ema = EMATeacher(student, 0.99)
     x = torch.randn(6, 3, dtype=torch.float64)
     out_t = ema(x)
     assert not out_t.requires_grad
@@ -81,6 +81,19 @@ def test_teacher_gets_no_gradient() -> None:
 
 
 def test_mismatched_student_raises() -> None:
-    ema = EMATeacher(_student())
+    ema = EMATeacher(_student(), 0.99)
     with pytest.raises(ValueError):
         ema.update(nn.Linear(3, 4).double(), 0.9)
+
+
+def test_step_applies_that_steps_momentum_and_holds_the_last_past_the_end() -> None:
+    student = _student()
+    ema = EMATeacher(student, [0.5, 0.9, 0.99])
+    for step, m in [(1, 0.9), (0, 0.5), (7, 0.99)]:
+        _perturb(student)
+        before = [p.clone() for p in ema.module.parameters()]
+        ema.step(step, student)
+        for t0, s, t1 in zip(before, student.parameters(), ema.module.parameters()):
+            torch.testing.assert_close(t1, m * t0 + (1 - m) * s.detach(), rtol=1e-12, atol=1e-14)
+    constant = EMATeacher(student, 0.7)
+    assert constant.momentum.tolist() == [0.7]
