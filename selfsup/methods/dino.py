@@ -27,17 +27,17 @@ from torch import nn
 from selfsup.config import ConfigError, Depth, Momentum, Range, Temperature, Width, check_fields
 from selfsup.data.views import run_by_size
 from selfsup.losses.dino import TeacherCentre, dino_loss
-from selfsup.methods.base import EMAMomentum, EMAMomentumEnd, MomentumHorizon, StepOutput
+from selfsup.methods.base import EMAConfig, MethodBase, StepOutput
 from selfsup.models.heads import DINOHead
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import constant_schedule, cosine_schedule, ema_momentum_schedule
+from selfsup.train.schedules import constant_schedule, cosine_schedule
 
 Fraction = Annotated[float, Range(ge=0, le=1, example="0.1 (a fraction of the run)")]
 
 
 @dataclass
-class DINOConfig:
+class DINOConfig(EMAConfig):  # momentum: lambda, cosine 0.996 -> 1 (Sec. 3.1)
     VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # 2 global crops, then any number of local crops
     out_dim: Width = 65536  # K (Sec. 3.1; App. Tab. 9 ablates 1024-262144)
     head_hidden: Width = 2048
@@ -52,9 +52,6 @@ class DINOConfig:
     center_momentum: Momentum = 0.9  # m of the centre's EMA (Eq. 4)
     # share of the run whose last-layer gradients are zeroed (their 1 epoch: 1/100 of their default run)
     freeze_last_layer: Fraction = 0.01
-    momentum: EMAMomentum = 0.996  # lambda, cosine to momentum_end (Sec. 3.1)
-    momentum_end: EMAMomentumEnd | None = 1.0  # None: hold the starting momentum
-    momentum_horizon: MomentumHorizon | None = None  # instead: start at the momentum averaging this fraction of the run
     # exported feature of the teacher ViT: [CLS] after the final norm (their kNN), before it, or the mean patch token
     eval_pool: Literal["cls", "cls_prenorm", "mean"] = "cls"
 
@@ -69,11 +66,10 @@ def student_features(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return encoder(x)
 
 
-class DINO(nn.Module):
+class DINO(MethodBase):
     """Student (backbone + DINO head) distilled from an EMA teacher of the same shape (Fig. 2)."""
 
     Config = DINOConfig
-    export_params: dict[str, str]
 
     def __init__(self, backbone: nn.Module, cfg: DINOConfig, total_steps: int) -> None:
         super().__init__()
@@ -83,19 +79,21 @@ class DINO(nn.Module):
         self.encoder = backbone
         self.head = DINOHead(backbone.num_features, cfg.out_dim, cfg.head_hidden, cfg.bottleneck, cfg.head_layers,
                              cfg.head_batch_norm, cfg.norm_last_layer)
-        self.teacher = EMATeacher(nn.Sequential(self.encoder, self.head))
+        self.teacher = EMATeacher(self.student, cfg.momentum_schedule(cosine_schedule, total_steps))
         self.centre = TeacherCentre(cfg.out_dim, cfg.center_momentum)
-        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
-                                              total_steps)
         self.teacher_temperature = constant_schedule(cfg.teacher_temperature, total_steps,
                                                      round(cfg.teacher_temperature_warmup * total_steps),
                                                      cfg.warmup_teacher_temperature)
         self.freeze_last_layer_steps = round(cfg.freeze_last_layer * total_steps)
         self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))  # saved: resumes the schedules
-        self.export_params = {}
         if isinstance(backbone, VisionTransformer):
             self.teacher.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
             self.export_params = {"pool": cfg.eval_pool}
+
+    @property
+    def student(self) -> nn.Sequential:
+        """Backbone and head: what the teacher averages."""
+        return nn.Sequential(self.encoder, self.head)
 
     @property
     def backbone(self) -> nn.Module:
@@ -119,6 +117,9 @@ class DINO(nn.Module):
 
     def after_step(self, step: int) -> None:
         """EMA update of the teacher, ``theta_t <- l theta_t + (1 - l) theta_s``; the step count for the schedules."""
-        m = float(self.momentum[min(step, len(self.momentum) - 1)])
-        self.teacher.update(nn.Sequential(self.encoder, self.head), m)
+        self.teacher.step(step, self.student)
         self.steps_done.fill_(step + 1)
+
+    def after_carry_over(self) -> None:
+        """A stage that starts from another's weights starts its teacher from them (their teacher = student at 0)."""
+        self.teacher.module.load_state_dict(self.student.state_dict())

@@ -27,12 +27,12 @@ from selfsup.data.masking import block_masks
 from selfsup.data.views import run_by_size
 from selfsup.losses.dino import TeacherCentre
 from selfsup.losses.ibot import ibot_loss
-from selfsup.methods.base import StepOutput
-from selfsup.methods.dino import DINOConfig
+from selfsup.methods.base import MethodBase, StepOutput
+from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.models.heads import DINOHead
 from selfsup.models.vit import VisionTransformer
 from selfsup.train.ema import EMATeacher
-from selfsup.train.schedules import constant_schedule, cosine_schedule, ema_momentum_schedule
+from selfsup.train.schedules import constant_schedule, cosine_schedule
 
 MaskRatio = Annotated[float, Range(ge=0, lt=1, example="0.3")]
 
@@ -68,11 +68,13 @@ class IBOTConfig(DINOConfig):
             raise ConfigError(f"method.mask_aspect is a range [low, high], got {self.mask_aspect}")
 
 
-class IBOT(nn.Module):
+class IBOT(MethodBase):
     """Student ViT + head with a mask token, distilled on [CLS] and masked patches from an EMA teacher (Fig. 3)."""
 
     Config = IBOTConfig
-    export_params: dict[str, str]
+    student = DINO.student
+    backbone = DINO.backbone
+    after_carry_over = DINO.after_carry_over
 
     def __init__(self, backbone: nn.Module, cfg: IBOTConfig, total_steps: int) -> None:
         super().__init__()
@@ -85,12 +87,10 @@ class IBOT(nn.Module):
         self.head = DINOHead(backbone.num_features, cfg.out_dim, cfg.head_hidden, cfg.bottleneck, cfg.head_layers,
                              cfg.head_batch_norm, cfg.norm_last_layer,
                              patch_out_dim=None if cfg.shared_head else cfg.patch_out_dim)
-        self.teacher = EMATeacher(nn.Sequential(self.encoder, self.head))
+        self.teacher = EMATeacher(self.student, cfg.momentum_schedule(cosine_schedule, total_steps))
         self.centre = TeacherCentre(cfg.out_dim, cfg.center_momentum)
         self.patch_centre = TeacherCentre(cfg.out_dim if cfg.shared_head else cfg.patch_out_dim,
                                           cfg.patch_center_momentum)
-        self.momentum = ema_momentum_schedule(cosine_schedule, cfg.momentum, cfg.momentum_horizon, cfg.momentum_end,
-                                              total_steps)
         warmup = round(cfg.teacher_temperature_warmup * total_steps)
         self.teacher_temperature = constant_schedule(cfg.teacher_temperature, total_steps, warmup,
                                                      cfg.warmup_teacher_temperature)
@@ -100,11 +100,6 @@ class IBOT(nn.Module):
         self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
         self.teacher.module[0].pool = cfg.eval_pool
         self.export_params = {"pool": cfg.eval_pool}
-
-    @property
-    def backbone(self) -> nn.Module:
-        """The teacher's ViT (iBOT evaluates the teacher, as DINO)."""
-        return self.teacher.module[0]
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         c = self.cfg
@@ -132,7 +127,6 @@ class IBOT(nn.Module):
         return StepOutput(loss, terms, s["cls"][:batch].detach())
 
     def after_step(self, step: int) -> None:
-        """EMA update of the teacher (ViT and head); the step count for the schedules."""
-        m = float(self.momentum[min(step, len(self.momentum) - 1)])
-        self.teacher.update(nn.Sequential(self.encoder, self.head), m)
+        """EMA update of the teacher (ViT and head; the mask token is the student's only); the schedules' step."""
+        self.teacher.step(step, self.student)
         self.steps_done.fill_(step + 1)
