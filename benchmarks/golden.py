@@ -19,6 +19,8 @@ directory given (``--repo``), with stand-ins for imports that only data loading 
 
     python benchmarks/golden.py msn --repo /tmp/anchors_golden/msn
     python benchmarks/golden.py extrema --repo /tmp/anchors_golden/extrema
+    python benchmarks/golden.py dino --repo /tmp/anchors_golden/dino
+    python benchmarks/golden.py ibot --repo /tmp/anchors_golden/ibot
 
 Get the repositories as in ``../shared/anchors-bench/README.md`` (``git archive`` of the public repos into a
 directory outside every repository).
