@@ -1016,7 +1016,8 @@ def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
     center = 0.5 * torch.randn(1, cfg["out_dim"], generator=gen)
     arrays: dict[str, np.ndarray] = {"input/center": _np(center[0])}
     cases = {}
-    for case, shared in (("shared", True), ("separate", False)):
+    pairs: dict[str, tuple[nn.Module, nn.Module]] = {}
+    for case, shared in (("separate", False), ("shared", True)):
         def build() -> nn.Module:
             vit = VisionTransformer(img_size=[cfg["img_size"]], patch_size=cfg["patch_size"],
                                     embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
@@ -1028,8 +1029,14 @@ def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
                             hidden_dim=cfg["head_hidden"], bottleneck_dim=cfg["bottleneck"])
             return utils.MultiCropWrapper(vit, head)
 
-        gen_case = torch.Generator().manual_seed(1)
-        student, teacher = _dino_like_pair(build, gen_case)
+        pairs[case] = _dino_like_pair(build, gen)
+        if case == "shared":  # the separate pair's weights (a superset), so that one copy serves both cases
+            for ours, theirs in zip(pairs["shared"], pairs["separate"]):
+                ours.load_state_dict({k: v for k, v in theirs.state_dict().items() if "last_layer2" not in k},
+                                     strict=False)  # their shared last_layer2 is last_layer
+    for case, shared in (("shared", True), ("separate", False)):
+        student, teacher = pairs[case]
+        gen_case = torch.Generator().manual_seed(1 if shared else 2)
         teacher.backbone.masked_im_modeling = False  # main_ibot builds the teacher without it
         with torch.no_grad():  # their loader puts the teacher's mask token at its init (not used)
             teacher.backbone.masked_embed.zero_()
@@ -1067,9 +1074,10 @@ def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
         grads = {n: p.grad for n, p in student.named_parameters() if p.requires_grad}
         case_grads = _renamed(grads, _dino_to_ours("", gradients=True), f"{case}/grad")
         arrays.update(case_grads if shared else _subset(case_grads, SUBSET + DINO_EMA_SUBSET))
-        arrays.update(_renamed(dict(student.named_parameters()), mapping, f"{case}/student"))
-        teacher_params = {n: p for n, p in teacher.named_parameters() if n != "backbone.masked_embed"}
-        arrays.update(_renamed(teacher_params, mapping, f"{case}/teacher"))
+        if not shared:  # the superset: the shared case's weights are these without head.patch_last_layer
+            arrays.update(_renamed(dict(student.named_parameters()), mapping, "student"))
+            teacher_params = {n: p for n, p in teacher.named_parameters() if n != "backbone.masked_embed"}
+            arrays.update(_renamed(teacher_params, mapping, "teacher"))
         arrays[f"{case}/input/center2"] = _np(center2[0, 0])
         arrays[f"{case}/center_after"] = _np(loss_fn.center[0])
         arrays[f"{case}/center2_after"] = _np(loss_fn.center2[0, 0])
@@ -1088,7 +1096,8 @@ def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
                       "masks: loader.ImageFolderMask.__getitem__ on the two global crops of each image in turn, "
                       "Python's random seeded with mask_seed (input/mask0, mask1: (B, H, W), True = masked)",
                       "weights: their init + 0.02 N(0,1) on every trainable parameter; teacher = student + another "
-                      "0.02 N(0,1); weight_g stays 1 (norm_last_layer); the teacher's masked_embed is unused",
+                      "0.02 N(0,1); weight_g stays 1 (norm_last_layer); the teacher's masked_embed is unused; "
+                      "one copy (student/*, teacher/*): case shared uses all but head.patch_last_layer",
                       "case separate: shared_head False for the student and shared_head_teacher False (their "
                       "default True gives the teacher the [CLS] last layer for patches; selfsup's teacher is an "
                       "EMA copy of the student, separate layer included)",
