@@ -206,14 +206,13 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _stored_dtype(key: str) -> type:
-    """float64 for what must be exact: losses, the EMA teacher after the update, the NNCLR queue (unit vectors),
-    and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32 would round);
-    float32 for the rest. Weights
-    and inputs are made in float32 and the authors' pass runs in float64 on them, so storing them as float32
-    is exact; gradients lose only float32 rounding (relative 6e-8)."""
+    """float64 for what must be exact: losses, the EMA teacher after the update, momentum schedules, the NNCLR
+    queue (unit vectors), and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32
+    would round); float32 for the rest. Weights and inputs are made in float32 and the authors' pass runs in float64
+    on them, so storing them as float32 is exact; gradients lose only float32 rounding (relative 6e-8)."""
     exact = (key.endswith(("/loss", "cls_token", "queue", "queue_after", "center", "center_after", "center2",
                            "center2_after"))
-             or key.startswith("teacher_after/"))
+             or key.startswith(("teacher_after/", "schedule/")) or "/teacher_after/" in key)
     return np.float64 if exact else np.float32
 
 
@@ -848,6 +847,35 @@ def _dino_to_ours(prefix: str, gradients: bool = False) -> Callable[[str, torch.
             inner = name[len("head."):].replace("last_layer2.", "patch_last_layer.")
             return {prefix + "head." + inner: value}
         raise KeyError(f"no selfsup name for {name!r}")
+# --------------------------------------------------------------------------------------------- MoCo v3
+class _EncoderWithClassifier(nn.Module):
+    """Stand-in for torchvision's ResNet (``fc``) or timm's ViT (``head``) as their builder receives it: a trunk
+    (selfsup's ResNet or ViT, pooled features) followed by a classifier that ``MoCo_ResNet`` / ``MoCo_ViT``
+    delete and replace by the projector. Their builder reads the trunk's width from the classifier's weight."""
+
+    def __init__(self, trunk: nn.Module, classifier: str, num_classes: int) -> None:
+        super().__init__()
+        self.trunk, self.classifier = trunk, classifier
+        setattr(self, classifier, nn.Linear(trunk.num_features, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.classifier)(self.trunk(x))
+
+
+def _moco_to_ours(classifier: str) -> Callable[[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Their ``{base,momentum}_encoder.trunk.*`` -> our ``backbone.*``, ``*.fc.i`` / ``*.head.i`` (the projector)
+    -> ``projector.i`` (selfsup's mlp has the same layer order: Linear, BN, ReLU, ..., Linear, BN), ``predictor.i``
+    unchanged; the teacher's names are stored under the same names with the ``teacher`` prefix."""
+
+    def mapping(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+        part, rest = name.split(".", 1)
+        if part == "predictor":
+            return {name: value}
+        if rest.startswith("trunk."):
+            return {"backbone." + rest[len("trunk."):]: value}
+        if rest.startswith(classifier + "."):
+            return {"projector." + rest[len(classifier) + 1:]: value}
+        raise KeyError(f"no selfsup name for MoCo v3 parameter {name!r}")
 
     return mapping
 
@@ -1111,11 +1139,97 @@ def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
 DINO_EMA_SUBSET = ("encoder.patch_embed.weight", "encoder.cls_token", "encoder.blocks.1.attn.qkv.bias",
                    "encoder.norm.bias", "head.mlp.2.weight", "head.last_layer.weight_v",
                    "head.patch_last_layer.weight_v", "mask_token")
+MOCO_EMA_SUBSET = ("backbone.stem.0.weight", "backbone.layer4.0.bn2.bias", "backbone.patch_embed.weight",
+                   "backbone.cls_token", "backbone.blocks.1.attn.qkv.bias", "backbone.norm.bias", "projector.0.weight",
+                   "projector.1.weight", "projector.3.weight")  # the EMA is elementwise: a few tensors show it
+
+
+def golden_mocov3(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """MoCo v3 (facebookresearch/moco-v3): moco/builder.py ``MoCo_ResNet`` (2-layer projector, 2-layer predictor
+    without a last BN, T = 1.0, their CLI default) and ``MoCo_ViT`` (3-layer projector, 2-layer predictor with a
+    last BN, T = 0.2, their ViT recipes), the momentum update inside ``forward`` and the symmetric
+    ``contrastive_loss`` with its 2T factor; main_moco.py ``adjust_moco_momentum`` for the schedule.
+
+    The base encoders are selfsup's tiny ResNet and ViT behind a classifier the builder replaces (their ResNet is
+    torchvision's, their ViT timm's: neither imports here), so the comparison covers the builder: heads, momentum
+    encoder, loss."""
+    stubs = _install_stubs()
+    for name in ("timm.models.layers", "timm.models.layers.helpers"):  # vits.py (imported by main_moco)
+        if not _importable("timm"):
+            _stub(name)
+    with _on_path(repo):
+        import main_moco
+        import moco.builder as builder
+    from selfsup.models import build_backbone
+
+    cfg = {"img_size": 16, "batch": 8, "mlp_dim": 32, "dim": 16, "momentum": 0.99,
+           "cases": {"resnet": {"temperature": 1.0, "projector_layers": 2, "predictor_last_bn": False,
+                                "backbone": "resnet", "params": {"block": "basic", "layers": [1, 1, 1, 1], "width": 4,
+                                                                 "small_stem": True}},
+                     "vit": {"temperature": 0.2, "projector_layers": 3, "predictor_last_bn": True,
+                             "backbone": "vit_custom", "params": {"img_size": 16, "patch_size": 4, "embed_dim": 32,
+                                                                  "depth": 2, "num_heads": 2, "pos_embed": "sincos",
+                                                                  "in_channels": 3}}},
+           "schedule": {"epochs": 3, "iters_per_epoch": 4}}
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    b, s = cfg["batch"], cfg["img_size"]
+    x1, x2 = (torch.randn(b, 3, s, s, generator=gen) for _ in range(2))
+    arrays: dict[str, np.ndarray] = {"input/view0": _np(x1), "input/view1": _np(x2)}
+    cases = {}
+    _init_gloo()
+    for case, c in cfg["cases"].items():
+        classifier, cls = ("fc", builder.MoCo_ResNet) if case == "resnet" else ("head", builder.MoCo_ViT)
+        model = cls(lambda num_classes: _EncoderWithClassifier(build_backbone(c["backbone"], **c["params"]),
+                                                               classifier, num_classes),
+                    dim=cfg["dim"], mlp_dim=cfg["mlp_dim"], T=c["temperature"])
+        _perturb(model.base_encoder, 0.02, gen)
+        _perturb(model.predictor, 0.02, gen)
+        with torch.no_grad():  # a momentum encoder 0.02 N(0,1) away from the base encoder: the update is visible
+            for p_b, p_m in zip(model.base_encoder.parameters(), model.momentum_encoder.parameters()):
+                p_m.copy_(p_b + 0.02 * torch.randn(p_b.shape, generator=gen))
+        model.to(DTYPE).train()
+        student = {f"base_encoder.{k}": v.detach().clone() for k, v in model.base_encoder.named_parameters()}
+        student.update({f"predictor.{k}": v.detach().clone() for k, v in model.predictor.named_parameters()})
+        teacher = {f"momentum_encoder.{k}": v.detach().clone() for k, v in model.momentum_encoder.named_parameters()}
+        with _cpu_cuda_calls():
+            loss = model(x1.to(DTYPE), x2.to(DTYPE), cfg["momentum"])
+        loss.backward()
+        grads = {f"base_encoder.{k}": p.grad for k, p in model.base_encoder.named_parameters()}
+        grads.update({f"predictor.{k}": p.grad for k, p in model.predictor.named_parameters()})
+        after = {f"momentum_encoder.{k}": p for k, p in model.momentum_encoder.named_parameters()}
+        ours = _moco_to_ours(classifier)
+        arrays.update(_renamed(student, ours, f"{case}/student"))
+        arrays.update(_renamed(teacher, ours, f"{case}/teacher"))
+        arrays.update(_renamed(grads, ours, f"{case}/grad"))
+        arrays.update(_subset(_renamed(after, ours, f"{case}/teacher_after"), MOCO_EMA_SUBSET))
+        arrays[f"{case}/loss"] = _np(loss)
+        cases[case] = {"loss": loss.item(), "temperature": c["temperature"]}
+        print(f"mocov3 {case}: loss {loss.item():.10f}")
+    sched = cfg["schedule"]
+    args = types.SimpleNamespace(moco_m=cfg["momentum"], epochs=sched["epochs"])
+    steps = sched["epochs"] * sched["iters_per_epoch"]
+    # main_moco.train: adjust_moco_momentum(epoch + i / iters_per_epoch, args) before each iteration's forward
+    arrays["schedule/momentum"] = np.array([main_moco.adjust_moco_momentum(t / sched["iters_per_epoch"], args)
+                                            for t in range(steps)], dtype=np.float64)
+    meta = {"method": "mocov3", "repo": "facebookresearch/moco-v3", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg, "cases": cases, "stubs": stubs,
+            "notes": ["their moco/builder.py MoCo_ResNet (case resnet) and MoCo_ViT (case vit) around selfsup's "
+                      "tiny ResNet / ViT (a stand-in for torchvision's / timm's: the builder replaces the "
+                      "classifier fc / head by its projector); views [x1, x2], batch 8",
+                      "their forward first updates the momentum encoder with m = 0.99 (the first value of "
+                      "adjust_moco_momentum), then computes the keys; <case>/teacher_after holds it after that "
+                      "update (a few tensors), <case>/teacher before",
+                      "weights: their init (ours for the trunks) + 0.02 N(0,1); momentum encoder = base + another "
+                      "0.02 N(0,1); world size 1 (gloo) for concat_all_gather; Tensor.cuda the identity",
+                      "schedule/momentum: main_moco.adjust_moco_momentum(epoch + i / iters, args) over 3 epochs "
+                      "of 4 iterations, moco_m 0.99"]}
+    _save("mocov3", meta, arrays, out_dir)
 
 
 # ------------------------------------------------------------------------------------------------ main
 METHODS = {"msn": golden_msn, "extrema": golden_extrema, "mae": golden_mae, "nnclr": golden_nnclr,
-           "multiview": golden_multiview, "dino": golden_dino, "ibot": golden_ibot}
+           "multiview": golden_multiview, "mocov3": golden_mocov3, "dino": golden_dino, "ibot": golden_ibot}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,9 @@ COMPARISONS = {
     "mast": (("vicreg", "mast5", "mast15"), "MAST: low-shot above VICReg; MAST-15 above MAST-5"),
     "multiview": (("vicreg", "multiview_vicreg"), "Multi-view: more views with a small projector"),
     "vit": (("msn", "extrema", "mae"), "The ViT methods at one budget"),
+    "simclr": (("simclr", "mast5", "multiview_vicreg"), "MAST and multi-view VICReg against SimCLR, their papers' "
+                                                        "contrastive baseline"),
+    "ema": (("byol", "mocov3"), "MoCo v3 (ExtreMA's base: an EMA target with negatives) beside BYOL (without)"),
 }
 CURVES = (("knn_top1", "20-NN"), ("linear_top1", "linear"))
 END = (("lowshot_1shot_mean", "1-shot"), ("lowshot_5shot_mean", "5-shot"), ("lowshot_1pct_mean", "1 %"),

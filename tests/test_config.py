@@ -187,9 +187,9 @@ def test_method_config_validates_method_params() -> None:
 
 def test_unknown_method_lists_allowed_methods() -> None:
     with pytest.raises(ConfigError) as err:
-        method_config({"name": "simclr"})
+        method_config({"name": "swav"})
     msg = str(err.value)
-    assert "simclr" in msg and all(name in msg for name in METHODS)
+    assert "swav" in msg and all(name in msg for name in METHODS)
     assert {"vicreg", "barlow_twins", "byol"} <= set(METHODS)
     with pytest.raises(ConfigError, match="method.name"):
         method_config({"expander": [8]})

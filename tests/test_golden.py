@@ -24,10 +24,13 @@ from selfsup.losses.vicreg import variance_term
 from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.methods.extrema import ExtreMA, ExtreMAConfig
 from selfsup.methods.ibot import IBOT, IBOTConfig
+from selfsup.methods.mocov3 import MoCoV3, MoCoV3Config
 from selfsup.methods.mae import MAE, MAEConfig
 from selfsup.methods.msn import MSN, MSNConfig
 from selfsup.methods.nnclr import NNCLR, NNCLRConfig
+from selfsup.models import build_backbone
 from selfsup.models.vit import VisionTransformer
+from selfsup.train.schedules import cosine_schedule
 
 GOLDEN = Path(__file__).parent / "golden"
 DTYPE = torch.float64  # the authors' values were computed in float64 from float32 weights and inputs
@@ -339,6 +342,74 @@ def test_multiview_barlow_matches_authors(case: str, monkeypatch: pytest.MonkeyP
     torch.testing.assert_close(views.grad, expected_grad, atol=GRAD_ATOL, rtol=GRAD_RTOL)
 
 
+# --------------------------------------------------------------------------------------------- MoCo v3
+def build_mocov3(cfg: dict, case: str, **overrides: object) -> MoCoV3:
+    c = cfg["cases"][case]
+    torch.manual_seed(0)
+    backbone = build_backbone(c["backbone"], **c["params"])
+    mcfg = MoCoV3Config(projector=[cfg["mlp_dim"]] * (c["projector_layers"] - 1) + [cfg["dim"]],
+                        predictor=[cfg["mlp_dim"], cfg["dim"]], predictor_last_norm=c["predictor_last_bn"],
+                        temperature=c["temperature"], momentum=cfg["momentum"])
+    return MoCoV3(backbone, dataclasses.replace(mcfg, **overrides), total_steps=100).to(DTYPE).train()
+
+
+def mocov3_step(case: str, **overrides: object) -> tuple[MoCoV3, torch.Tensor]:
+    """Their forward first moves the momentum encoder towards the current base encoder (m = 0.99), then computes
+    the keys; ours does that move in the previous step's ``after_step``: apply it (step 0), check it, then run."""
+    meta, arrays = load("mocov3")
+    model = build_mocov3(meta["config"], case, **overrides)
+    values = group(arrays, f"{case}/student")
+    teacher = {"backbone": "momentum_encoder.module.0.", "projector": "momentum_encoder.module.1."}
+    for name, value in group(arrays, f"{case}/teacher").items():
+        part, rest = name.split(".", 1)
+        values[teacher[part] + rest] = value
+    params = dict(model.named_parameters())
+    assert set(params) == set(values), set(params) ^ set(values)
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(values[name])
+    model.after_step(0)
+    after = group(arrays, f"{case}/teacher_after")
+    assert len(after) >= 4
+    for name, expected in after.items():
+        part, rest = name.split(".", 1)
+        torch.testing.assert_close(params[teacher[part] + rest], expected, atol=EMA_ATOL, rtol=0,
+                                   msg=lambda m: f"momentum encoder {name}: {m}")
+    inputs = group(arrays, "input")
+    out = model([inputs["view0"], inputs["view1"]])
+    out.loss.backward()
+    return model, out.loss.detach()
+
+
+@pytest.mark.parametrize("case", ["resnet", "vit"])
+def test_mocov3_matches_authors(case: str) -> None:
+    """MoCo v3 (projector and predictor of their ResNet / ViT builders, momentum encoder, symmetric ctr with the
+    2T factor) vs facebookresearch/moco-v3: the momentum update, the loss and the gradient of every student
+    parameter (base encoder, projector, predictor)."""
+    _, arrays = load("mocov3")
+    model, loss = mocov3_step(case)
+    assert loss.item() == pytest.approx(arrays[f"{case}/loss"].item(), rel=LOSS_RTOL)
+    grads = group(arrays, f"{case}/grad")
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert set(grads) == trainable  # every student parameter, and the momentum encoder gets none
+    assert_grads(model, grads)
+
+
+def test_mocov3_golden_detects_a_wrong_temperature() -> None:
+    _, arrays = load("mocov3")
+    _, loss = mocov3_step("vit", temperature=0.22)
+    assert abs(loss.item() / arrays["vit/loss"].item() - 1) > 100 * LOSS_RTOL
+
+
+def test_mocov3_momentum_schedule_is_the_authors_cosine() -> None:
+    """main_moco.adjust_moco_momentum, 1 - (1 + cos(pi t / T)) (1 - m0) / 2 per iteration, is ours from 0.99 to 1."""
+    meta, arrays = load("mocov3")
+    expected = arrays["schedule/momentum"]
+    cfg = MoCoV3Config(momentum=meta["config"]["momentum"])
+    got = cfg.momentum_schedule(cosine_schedule, len(expected))
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), expected.numpy(), rtol=0, atol=1e-15)
+
+
 def test_golden_script_loads_without_the_authors_code(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/golden.py imports the authors' modules only when run on their directory: it loads here."""
     import importlib.util
@@ -350,7 +421,7 @@ def test_golden_script_loads_without_the_authors_code(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code == 0
-    assert set(module.METHODS) == {"msn", "extrema", "mae", "nnclr", "multiview", "dino", "ibot"}
+    assert set(module.METHODS) == {"msn", "extrema", "mae", "nnclr", "multiview", "mocov3", "dino", "ibot"}
     assert {p.stem for p in GOLDEN.glob("*.npz")} == set(module.METHODS)
     assert all(p.stat().st_size < 800_000 for p in GOLDEN.glob("*.npz"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from selfsup.losses.byol import byol_loss
-from selfsup.losses.infonce import info_nce_loss
+from selfsup.losses.infonce import moco_contrastive_loss
 
 
 def extrema_loss(prediction: torch.Tensor, target: torch.Tensor, loss: str = "byol",
@@ -24,5 +24,5 @@ def extrema_loss(prediction: torch.Tensor, target: torch.Tensor, loss: str = "by
             raise ValueError("the BYOL regression has no negatives; a key queue needs loss='infonce'")
         return byol_loss(prediction, target.repeat(len(prediction) // len(target), 1))
     if loss == "infonce":
-        return info_nce_loss(prediction, target, temperature, negatives=negatives) * (2 * temperature)
+        return moco_contrastive_loss(prediction, target, temperature, negatives)
     raise ValueError(f"unknown ExtreMA loss {loss!r}; use 'byol' or 'infonce'")

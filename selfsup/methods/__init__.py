@@ -20,8 +20,10 @@ from selfsup.methods.extrema import ExtreMA
 from selfsup.methods.ibot import IBOT
 from selfsup.methods.mae import MAE
 from selfsup.methods.mast import MAST
+from selfsup.methods.mocov3 import MoCoV3
 from selfsup.methods.msn import MSN
 from selfsup.methods.nnclr import NNCLR
+from selfsup.methods.simclr import SimCLR
 from selfsup.methods.vicreg import VICReg
 
 METHODS: dict[str, type[nn.Module]] = {
@@ -35,6 +37,8 @@ METHODS: dict[str, type[nn.Module]] = {
     "nnclr": NNCLR,
     "dino": DINO,
     "ibot": IBOT,
+    "simclr": SimCLR,
+    "mocov3": MoCoV3,
 }
 
 

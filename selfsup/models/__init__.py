@@ -4,6 +4,7 @@ Every backbone exposes ``num_features`` and ``forward(x) -> (B, num_features)``.
 """
 from __future__ import annotations
 
+import logging
 import typing
 from collections.abc import Callable
 
@@ -21,6 +22,9 @@ from selfsup.models.vit import (
     vit_small,
     vit_tiny,
 )
+from selfsup.models.weights import vit_from_timm
+
+log = logging.getLogger("selfsup")
 
 __all__ = [
     "BACKBONES",
@@ -35,8 +39,10 @@ __all__ = [
     "check_backbone",
     "check_backbone_params",
     "mlp",
+    "recorded_backbone",
     "register_backbone",
     "resolve_auto",
+    "timm_backbone",
     "xavier_linears_",
     "resnet18",
     "resnet50",
@@ -91,9 +97,10 @@ def check_backbone(module: nn.Module, kind: str) -> nn.Module:
 
 
 class TimmBackbone(nn.Module):
-    """A timm model by name (``model.backbone: timm:resnet50``, ``timm:vit_small_patch16_224``) without its classifier:
-    ``forward`` gives timm's pooled pre-logits feature, ``num_features`` its width. Its weights start random (start
-    from a file with ``model.init_weights`` on a built-in backbone, which reads timm's names)."""
+    """A timm model by name (``model.backbone: timm:resnet50``) without its classifier: ``forward`` gives timm's
+    pooled pre-logits feature, ``num_features`` its width. Its weights are timm's initialisation, or its pretrained
+    ones with ``model.params.pretrained: true`` where timm can fetch them (:func:`timm_backbone` turns a plain timm ViT
+    into ours)."""
 
     def __init__(self, name: str, in_channels: int = 3, img_size: int | None = None, **kwargs: object) -> None:
         super().__init__()
@@ -108,6 +115,32 @@ class TimmBackbone(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+
+def timm_backbone(name: str, **kwargs: object) -> nn.Module:
+    """``model.backbone: timm:NAME``: timm's model, built by timm (its weights, pretrained ones included). A plain
+    timm ``VisionTransformer`` (``vit_small_patch16_224`` and the like) comes back as our ViT with those weights: the
+    same tokens and feature, and the token interface MSN, MAE, ExtreMA and iBOT need (dropping patch tokens); its
+    run records it as ``vit_custom`` (:func:`recorded_backbone`), so its export loads where timm is absent. Any other
+    timm model is wrapped as it is (:class:`TimmBackbone`)."""
+    wrapped = TimmBackbone(name, **kwargs)
+    if any(c.__name__ == "VisionTransformer" for c in type(wrapped.model).__mro__):
+        ours, why = vit_from_timm(wrapped.model)
+        if ours is not None:
+            log.info("timm:%s runs as selfsup's ViT with timm's weights (%s)", name, ", ".join(
+                f"{k}={v}" for k, v in ours.constructor_args.items()))
+            return ours
+        log.warning("timm:%s stays timm's own module: selfsup's ViT cannot express it (%s), so methods that drop "
+                    "patch tokens (MSN, MAE, ExtreMA, iBOT) cannot train it", name, why)
+    return wrapped
+
+
+def recorded_backbone(kind: str, params: dict[str, object], backbone: nn.Module) -> tuple[str, dict[str, object]]:
+    """The name and arguments ``backbone.json`` records to rebuild ``backbone``: ``kind`` and ``params``, except for a
+    timm ViT turned into ours (:func:`timm_backbone`), recorded as ``vit_custom`` with our arguments."""
+    if kind.startswith("timm:") and isinstance(backbone, VisionTransformer):
+        return "vit_custom", dict(backbone.constructor_args)
+    return kind, params
 
 
 def timm_problem(kind: str) -> str | None:
@@ -186,7 +219,7 @@ def build_backbone(kind: str, **kwargs: object) -> nn.Module:
     ``build_backbone("vit_custom", img_size=28, patch_size=4, in_channels=1, embed_dim=192,
     depth=4, num_heads=3)``. ``kwargs`` go to the factory / constructor."""
     if kind.startswith("timm:"):
-        return check_backbone(TimmBackbone(kind[len("timm:"):], **kwargs), kind)
+        return check_backbone(timm_backbone(kind[len("timm:"):], **kwargs), kind)
     if kind not in BACKBONES:
         raise ValueError(f"unknown backbone {kind!r}; choose one of {sorted(BACKBONES)}, or register it first "
                          f"with selfsup.register_backbone({kind!r}, factory)")

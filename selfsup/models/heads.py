@@ -25,8 +25,8 @@ _NORMS = ("batch", "layer", "none")
 _ACTS = ("relu", "gelu")
 
 
-def _norm(kind: str, dim: int) -> nn.Module:
-    return nn.BatchNorm1d(dim) if kind == "batch" else nn.LayerNorm(dim)
+def _norm(kind: str, dim: int, affine: bool = True) -> nn.Module:
+    return nn.BatchNorm1d(dim, affine=affine) if kind == "batch" else nn.LayerNorm(dim, elementwise_affine=affine)
 
 
 def _act(kind: str) -> nn.Module:
@@ -53,6 +53,7 @@ def mlp(
     last_act: bool = False,
     bias: bool = True,
     last_bias: bool = True,
+    last_affine: bool = True,
 ) -> nn.Sequential:
     """Build ``Linear -> norm -> act`` hidden layers and a final ``Linear (-> norm) (-> act)``.
 
@@ -60,13 +61,15 @@ def mlp(
     VICReg expander ``mlp([512, 2048, 2048, 2048])``; BYOL projector ``mlp([512, 4096, 256])``;
     MSN head ``mlp([D, 2048, 2048, 256], act="gelu")``; ExtreMA projector
     ``mlp([D, 4096, 4096, 256], norm="layer", act="gelu")``; MAE-CT projector
-    ``mlp([D, 2048, 2048, 256], last_norm=True)`` (last BN, no ReLU). ``norm="batch"`` uses
+    ``mlp([D, 2048, 2048, 256], last_norm=True)`` (last BN, no ReLU); MoCo v3 projector
+    ``mlp([D, 4096, 4096, 256], bias=False, last_bias=False, last_norm=True, last_affine=False)``. ``norm="batch"`` uses
     ``BatchNorm1d``; the training engine converts it to SyncBatchNorm when distributed.
 
     Args:
         bias: bias of the hidden Linear layers.
         last_bias: bias of the final Linear layer.
         last_norm / last_act: append the norm / activation after the final Linear too.
+        last_affine: give that last norm a learnable scale and shift (MoCo v3's last BatchNorm has none).
     """
     dims = [int(d) for d in dims]
     if len(dims) < 2 or any(d < 1 for d in dims):
@@ -85,7 +88,7 @@ def mlp(
         last = i == len(dims) - 2
         layers.append(nn.Linear(d_in, d_out, bias=last_bias if last else bias))
         if norm != "none" and (not last or last_norm):
-            layers.append(_norm(norm, d_out))
+            layers.append(_norm(norm, d_out, affine=last_affine or not last))
         if not last or last_act:
             layers.append(_act(act))
     return nn.Sequential(*layers)

@@ -522,6 +522,15 @@ class VisionTransformer(nn.Module):
         self._num_frozen_blocks = k
         self.train(self.training)
 
+    def freeze_patch_projection(self) -> None:
+        """Keep the map from pixels to patch tokens at its random init (MoCo v3's "random patch projection",
+        Chen, Xie & He 2021; the authors' ``--stop-grad-conv1``): the patch projection, and the conv stem's
+        convolutions and BatchNorm affines when there is one, get ``requires_grad=False``. The stem's BatchNorm still
+        normalises with batch statistics (and updates its running ones) but learns nothing. Position embeddings and
+        [CLS] stay trainable."""
+        for param in [*self.stem.parameters(), *self.patch_embed.parameters()]:
+            param.requires_grad_(False)
+
     def train(self, mode: bool = True) -> VisionTransformer:
         super().train(mode)
         if self._num_frozen_blocks >= 0:  # a frozen conv stem keeps its BatchNorm statistics

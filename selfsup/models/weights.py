@@ -26,7 +26,7 @@ from torch import nn
 
 from selfsup.config import ConfigError
 
-__all__ = ["init_weights", "naming", "read_state_dict", "selfsup_names", "torchvision_state_dict"]
+__all__ = ["init_weights", "naming", "read_state_dict", "selfsup_names", "torchvision_state_dict", "vit_from_timm"]
 
 # Keys of a classifier on top of the backbone, dropped on import: torchvision's fc, timm's head.
 _HEADS = re.compile(r"^(fc|head|head_dist|classifier)\.")
@@ -182,3 +182,69 @@ def init_weights(model: nn.Module, path: str | Path, log: logging.Logger | None 
         log.info("init_weights: every tensor of the backbone from %s (%s names)%s%s", path, naming(raw),
                  f"; classifier dropped: {', '.join(dropped)}" if dropped else "",
                  f"; ignored (not in the model): {', '.join(unexpected[:5])}" if unexpected else "")
+
+
+def _timm_vit_args(model: nn.Module) -> tuple[dict[str, object] | None, str]:
+    """The arguments of our :class:`VisionTransformer` that compute what a timm ``VisionTransformer`` computes (its
+    pooled feature and every token), or None and what our ViT cannot express."""
+    if type(model).__name__ != "VisionTransformer":
+        return None, f"it is a {type(model).__name__}, not timm's VisionTransformer"
+    blocks = list(model.blocks)
+    proj = model.patch_embed.proj
+    side = tuple(model.patch_embed.img_size or ())
+    eps = {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
+    checks = [
+        (bool(blocks) and all(type(b).__name__ == "Block" for b in blocks), "its blocks are not timm's plain Block"),
+        (proj.kernel_size == proj.stride and proj.kernel_size[0] == proj.kernel_size[1] and len(side) == 2
+         and side[0] == side[1], "its patches or its image are not square"),
+        (isinstance(model.patch_embed.norm, nn.Identity) and isinstance(model.norm_pre, nn.Identity),
+         "it normalises the patch embedding (embed or pre norm)"),
+        (model.num_reg_tokens == 0, f"it has {model.num_reg_tokens} register tokens"),
+        (model.pos_embed is not None, "it has no position embedding"),
+        (model.global_pool in ("token", "avg") and model.attn_pool is None,
+         f"it pools with global_pool={model.global_pool!r}"),
+        (model.global_pool != "token" or model.cls_token is not None, "it pools a [CLS] token it does not have"),
+        (isinstance(model.fc_norm, nn.Identity), "it normalises the pooled feature (fc_norm)"),
+        (isinstance(model.norm, nn.LayerNorm), "it has no final LayerNorm (final_norm=False)"),
+        (len(eps) == 1, f"its LayerNorms use several epsilons {sorted(eps)}"),
+        (all(isinstance(b.ls1, nn.Identity) and isinstance(b.ls2, nn.Identity) for b in blocks),
+         "its blocks use LayerScale (init_values)"),
+        (all(isinstance(getattr(b.attn, n, nn.Identity()), nn.Identity) for b in blocks for n in ("q_norm", "k_norm", "norm"))
+         and all(isinstance(getattr(b.mlp, "norm", nn.Identity()), nn.Identity) for b in blocks),
+         "its attention or MLP has a norm inside (qk_norm, scale_norm)"),
+        (all(type(b.mlp).__name__ == "Mlp" and type(b.mlp.act) is nn.GELU and b.mlp.act.approximate == "none"
+             for b in blocks), "its MLP is not Linear-GELU-Linear"),
+        (all(m.p == 0 for m in model.modules() if isinstance(m, nn.Dropout)), "it uses dropout"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            return None, why
+    qkv_bias = {b.attn.qkv.bias is not None for b in blocks}
+    if len(qkv_bias) > 1 or not all(b.attn.proj.bias is not None and b.mlp.fc1.bias is not None
+                                    and b.mlp.fc2.bias is not None for b in blocks):
+        return None, "its linear layers' biases differ from a ViT's"
+    dim = model.embed_dim
+    drop = [getattr(b.drop_path1, "drop_prob", 0.0) for b in blocks]
+    args = {"img_size": side[0], "patch_size": proj.kernel_size[0], "in_channels": proj.in_channels,
+            "embed_dim": dim, "depth": len(blocks), "num_heads": blocks[0].attn.num_heads,
+            "mlp_ratio": blocks[0].mlp.fc1.out_features / dim, "qkv_bias": qkv_bias.pop(), "pos_embed": "learned",
+            "cls_token": model.cls_token is not None, "drop_path_rate": float(drop[-1]) if drop else 0.0,
+            "layer_norm_eps": eps.pop(), "pool": "cls" if model.global_pool == "token" else "mean"}
+    return args, ""
+
+
+def vit_from_timm(model: nn.Module) -> tuple[nn.Module | None, str]:
+    """timm's ``VisionTransformer`` (random or pretrained) as our ViT with its weights: the same tokens and pooled
+    feature, and the token interface that MSN, MAE and ExtreMA need (dropping patch tokens, [CLS] before the norm).
+    Returns ``(our ViT, "")``, or ``(None, why)`` when the timm model has parts ours lacks (register tokens,
+    LayerScale, qk-norm, fc_norm pooling, ...)."""
+    from selfsup.models.vit import VisionTransformer
+
+    args, why = _timm_vit_args(model)
+    if args is None:
+        return None, why
+    ours = VisionTransformer(**args)
+    state, _ = selfsup_names({k: v.detach() for k, v in model.state_dict().items()}, ours)
+    ours.load_state_dict(state, strict=True)
+    ours.constructor_args = args  # what the run records to rebuild it (selfsup.models.recorded_backbone)
+    return ours, ""

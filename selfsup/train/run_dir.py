@@ -30,6 +30,7 @@ from selfsup.checkpoint import (CHECKPOINT, TMP_SUFFIX, CheckpointError, check_r
 from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, data_fingerprint
+from selfsup.models import recorded_backbone
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
@@ -311,7 +312,8 @@ class RunDir:
         config_changes.log for a resume's accepted changes."""
         self.cfg, self.method, self.optimizer = cfg, method, optimizer
         self.health.start(method)
-        self.backbone_meta = {"backbone": cfg.model.backbone, "params": backbone_params, "method": cfg.method["name"],
+        kind, backbone_params = recorded_backbone(cfg.model.backbone, backbone_params, method.backbone)
+        self.backbone_meta = {"backbone": kind, "params": backbone_params, "method": cfg.method["name"],
                               "image_size": image_size, "channels": channels, "mean": cfg.data.mean,
                               "std": cfg.data.std, "dataset": cfg.data.dataset, "seed": cfg.trainer.seed}
         if self.is_main:

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_utils import run_ddp
 from selfsup.losses.barlow import barlow_twins_loss
+from selfsup.losses.infonce import info_nce_loss, moco_contrastive_loss, nt_xent_loss
 from selfsup.losses.mast import mast_loss
 from selfsup.losses.multiview import barlow_twins_multiview_loss, vicreg_multiview_loss
 from selfsup.losses.vicreg import vicreg_loss
@@ -44,6 +45,18 @@ LOSSES = {
     "mast_scale_free_dimension": lambda a, b: _mast(a, b, scale_free=True, variance_scale="dimension"),
 }
 
+# Contrastive losses whose negatives are the other processes' rows: each process averages over its own queries
+# (its loss is its share, the mean over processes is the single-process loss), and DDP's gradient averaging must
+# give the single-process gradient.
+LOCAL_MEAN_LOSSES = {
+    # MoCo v3's symmetric ctr(q1, k2) + ctr(q2, k1); the keys are constants (gathered without gradient).
+    "mocov3": lambda a, b: moco_contrastive_loss(a, b, 0.2) + moco_contrastive_loss(b, a, 0.2),
+    # NNCLR / MAE-CT: gradients into every process's keys through the all-gather.
+    "info_nce_key_gradient": lambda a, b: info_nce_loss(a, b, 0.15, key_gradient=True),
+    # SimCLR: the 2N views of the global batch, gathered with gradients, every one an anchor.
+    "nt_xent": lambda a, b: nt_xent_loss(a, b, 0.5),
+}
+
 
 def _inputs():
     g = torch.Generator().manual_seed(0)
@@ -64,7 +77,7 @@ def _on_rank(rank: int, world: int, z_a, z_b, x_a, x_b, linear_state) -> dict:
         "gather_no_grad": distributed.gather_no_grad(z_a[local]),
         "all_reduce_mean": distributed.all_reduce_mean(torch.tensor([float(rank + 1)])),
     }
-    for name, loss_fn in LOSSES.items():
+    for name, loss_fn in {**LOSSES, **LOCAL_MEAN_LOSSES}.items():
         a = z_a[local].clone().requires_grad_()
         b = z_b[local].clone().requires_grad_()
         loss = loss_fn(a, b)
@@ -94,7 +107,7 @@ def test_losses_match_single_process_in_two_gloo_processes() -> None:
         torch.testing.assert_close(res["gather_no_grad"], z_a)
         torch.testing.assert_close(res["all_reduce_mean"], torch.tensor([1.5]))
 
-    for name, loss_fn in LOSSES.items():
+    for name, loss_fn in {**LOSSES, **LOCAL_MEAN_LOSSES}.items():
         a, b = z_a.clone().requires_grad_(), z_b.clone().requires_grad_()
         loss = loss_fn(a, b)
         loss.backward()
@@ -105,13 +118,18 @@ def test_losses_match_single_process_in_two_gloo_processes() -> None:
         full_loss = loss_fn(*model(torch.cat([x_a, x_b])).chunk(2))
         full_loss.backward()
 
+        if name in LOCAL_MEAN_LOSSES:  # each process's share: their mean is the loss
+            assert sum(res[name]["loss"].item() for res in results) / WORLD == pytest.approx(loss.item(), rel=1e-12)
+            assert sum(res[name]["ddp_loss"].item() for res in results) / WORLD == pytest.approx(full_loss.item(),
+                                                                                                rel=1e-12)
         for rank, res in enumerate(results):
             local = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
             r = res[name]
-            assert r["loss"].item() == pytest.approx(loss.item(), rel=1e-12), (name, rank)
+            if name not in LOCAL_MEAN_LOSSES:
+                assert r["loss"].item() == pytest.approx(loss.item(), rel=1e-12), (name, rank)
+                assert r["ddp_loss"].item() == pytest.approx(full_loss.item(), rel=1e-12), (name, rank)
             torch.testing.assert_close(r["grad_a"], WORLD * a.grad[local], rtol=1e-10, atol=1e-12)
             torch.testing.assert_close(r["grad_b"], WORLD * b.grad[local], rtol=1e-10, atol=1e-12)
-            assert r["ddp_loss"].item() == pytest.approx(full_loss.item(), rel=1e-12), (name, rank)
             for pname, p in model.named_parameters():
                 torch.testing.assert_close(r["ddp_grads"][pname], p.grad, rtol=1e-10, atol=1e-12,
                                            msg=f"{name} rank {rank} {pname}")

@@ -44,6 +44,18 @@ def test_mlp_mae_ct_projector_last_bn_without_relu() -> None:
     assert (out < 0).any()
 
 
+def test_mlp_moco_v3_last_norm_without_affine() -> None:
+    """MoCo v3's heads (their builder.py ``_build_mlp``): no Linear bias, the last BN without affine, the hidden ones
+    with it; a LayerNorm head likewise loses only its last affine."""
+    head = mlp([8, 16, 4], bias=False, last_bias=False, last_norm=True, last_affine=False)
+    assert [type(m) for m in head] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d]
+    assert head[1].affine and not head[4].affine and head[4].weight is None
+    assert sum(p.numel() for p in head.parameters()) == 8 * 16 + 2 * 16 + 16 * 4
+    layer = mlp([8, 16, 4], norm="layer", last_norm=True, last_affine=False)
+    assert layer[1].elementwise_affine and not layer[4].elementwise_affine
+    assert mlp([8, 4], last_norm=True)[-1].affine  # the default keeps it
+
+
 def test_mlp_last_act_bias_flags_and_no_norm() -> None:
     head = mlp([4, 6, 3], norm="none", act="gelu", last_act=True, bias=False, last_bias=False)
     assert _layout(head) == ["Linear", "GELU", "Linear", "GELU"]

@@ -224,3 +224,34 @@ def test_every_method_starts_from_the_file(tmp_path, method, extra) -> None:
         tmp_path / "c" / "backbone.safetensors")
     assert file.keys() == started.keys() and all(torch.equal(file[k], started[k]) for k in file)
     assert any(not torch.equal(file[k], unseeded[k]) for k in file)  # without the file, seed 1 gives other weights
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_torchvision_export_loads_into_torchvision_and_back(tmp_path, name) -> None:
+    """The real library both ways, where torchvision imports (GPU machines; not the CPU wheel here): our export in
+    torchvision's names loads strictly into ``torchvision.models.resnet.<name>`` (its classifier aside) and computes our
+    feature; torchvision's own state dict starts ours (``init_weights``) with the same feature. Run on 2026-11-28
+    with torchvision 0.28.0's resnet.py importable (its package init stood in for): both passed."""
+    tv_resnet = pytest.importorskip("torchvision.models.resnet", reason="torchvision does not import here")
+    torch.manual_seed(0)
+    ours = build_backbone(name)
+    for module in ours.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    export_backbone(tmp_path / "run", ours, {"backbone": name, "params": {}, "image_size": 64, "channels": 3,
+                                             "mean": [0.5] * 3, "std": [0.25] * 3})
+    assert main(["export", str(tmp_path / "run"), "--format", "torchvision"]) == 0
+    theirs = getattr(tv_resnet, name)()
+    theirs.fc = torch.nn.Identity()
+    theirs.load_state_dict(load_file(tmp_path / "run" / "export" / "backbone_torchvision.safetensors"), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.eval()(x), ours.eval()(x), rtol=0, atol=1e-5)
+        torch.manual_seed(1)
+        other = getattr(tv_resnet, name)()  # fresh torchvision weights, classifier included, into a fresh one of ours
+        save_file(other.state_dict(), tmp_path / "tv.safetensors")
+        started = build_backbone(name)
+        init_weights(started, tmp_path / "tv.safetensors")
+        other.fc = torch.nn.Identity()
+        torch.testing.assert_close(started.eval()(x), other.eval()(x), rtol=0, atol=1e-5)
