@@ -59,7 +59,7 @@ class DINOConfig(EMAConfig):  # momentum: lambda, cosine 0.996 -> 1 (Sec. 3.1)
         check_fields(self, "method.")
 
 
-def student_features(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def trained_feature(encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The feature DINO trains on: a ViT's [CLS] after the final norm (their ViT's output), a ResNet's pooled map."""
     if isinstance(encoder, VisionTransformer):
         return encoder.forward_features(x)["cls"]
@@ -106,8 +106,8 @@ class DINO(MethodBase):
         global_views = views[:2]
         with torch.no_grad():
             teacher_encoder, teacher_head = self.teacher.module
-            teacher_logits = teacher_head(student_features(teacher_encoder, torch.cat(global_views))).chunk(2)
-        features = torch.cat(run_by_size(lambda x: student_features(self.encoder, x), views))
+            teacher_logits = teacher_head(trained_feature(teacher_encoder, torch.cat(global_views))).chunk(2)
+        features = torch.cat(run_by_size(lambda x: trained_feature(self.encoder, x), views))
         frozen = int(self.steps_done) < self.freeze_last_layer_steps
         student_logits = self.head(features, freeze_last_layer=frozen).chunk(len(views))
         loss, terms = dino_loss(list(student_logits), list(teacher_logits), self.centre, c.student_temperature,

@@ -107,20 +107,22 @@ class IBOT(MethodBase):
         frozen = int(self.steps_done) < self.freeze_last_layer_steps
         global_views, local_views = torch.cat(views[:2]), views[2:]
         batch = len(views[0])
-        masks = block_masks(batch, 2, self.encoder.grid_for(*global_views.shape[2:]), c.mask_ratio,
-                            c.mask_ratio_var, tuple(c.mask_aspect))
+        grid = self.encoder.grid_for(*global_views.shape[2:])
+        masks = [m.to(global_views.device)
+                 for m in block_masks(batch, 2, grid, c.mask_ratio, c.mask_ratio_var, tuple(c.mask_aspect))]
         with torch.no_grad():
             teacher_encoder, teacher_head = self.teacher.module
             t = teacher_encoder.forward_features(global_views)
             teacher_cls, teacher_patches = teacher_head.forward_tokens(t["cls"], t["patch_tokens"])
-        s = self.encoder.forward_features(global_views, mask=torch.cat(masks).to(global_views.device),
-                                          mask_token=self.mask_token)
+        s = self.encoder.forward_features(global_views, mask=torch.cat(masks), mask_token=self.mask_token)
         student_cls, student_patches = self.head.forward_tokens(s["cls"], s["patch_tokens"], frozen)
-        local_cls = run_by_size(lambda x: self.head(self.encoder.forward_features(x)["cls"], frozen), local_views)
-        local_cls = torch.cat(local_cls).chunk(len(local_views)) if local_views else ()
+        local_cls = ()
+        if local_views:  # unmasked, [CLS] only
+            local = torch.cat(run_by_size(lambda x: self.encoder.forward_features(x)["cls"], local_views))
+            local_cls = self.head(local, frozen).chunk(len(local_views))
         loss, terms = ibot_loss([*student_cls.chunk(2), *local_cls], list(teacher_cls.chunk(2)),
-                                list(student_patches.chunk(2)), list(teacher_patches.chunk(2)),
-                                [m.to(global_views.device) for m in masks], self.centre, self.patch_centre,
+                                list(student_patches.chunk(2)), list(teacher_patches.chunk(2)), masks,
+                                self.centre, self.patch_centre,
                                 c.student_temperature, float(self.teacher_temperature[step]),
                                 float(self.teacher_patch_temperature[step]), c.cls_weight, c.patch_weight)
         terms["masked_share"] = torch.cat(masks).float().mean()
