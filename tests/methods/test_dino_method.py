@@ -149,3 +149,13 @@ def test_view_count_is_checked_on_load(views: str, ok: bool) -> None:
 def test_vit_without_cls_is_refused() -> None:
     with pytest.raises(ConfigError, match="cls_token"):
         _method(backbone=_vit(cls_token=False, pool="mean"))
+
+
+def test_carry_over_restarts_the_teacher_from_the_student() -> None:
+    method = _method()
+    with torch.no_grad():
+        for p in method.student.parameters():
+            p.add_(0.1)
+    method.after_carry_over()
+    for (name, s), t in zip(method.student.named_parameters(), method.teacher.module.parameters()):
+        assert torch.equal(s, t), name
