@@ -101,7 +101,7 @@ def test_centring_and_sharpening_extremes() -> None:
 
 
 def test_teacher_temperature_warm_up_schedule() -> None:
-    """0.04 -> 0.07 linearly over the warm-up, then held (their np.linspace per epoch; ours per step, start included)."""
+    """0.04 -> 0.07 linearly over the warm-up, then held (theirs: np.linspace per epoch; ours per step)."""
     s = constant_schedule(0.07, 10, warmup_steps=4, warmup_start=0.04)
     np.testing.assert_allclose(s, [0.04, 0.0475, 0.055, 0.0625] + [0.07] * 6)
 
