@@ -48,7 +48,7 @@ from selfsup.train.schedules import run_steps
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "cifar10" / "laptop"
 METHODS = ("vicreg", "barlow_twins", "byol", "nnclr", "simclr", "mocov3", "multiview_vicreg", "mast5", "mast15", "msn",
-           "extrema", "mae", "mae_ct")
+           "extrema", "mae", "mae_ct", "dino", "ibot")
 # Table columns: (result key, heading).
 COLUMNS = (("knn_top1", "20-NN"), ("linear_top1", "linear"), ("lowshot_1shot_mean", "1-shot"),
            ("lowshot_5shot_mean", "5-shot"), ("lowshot_1pct_mean", "1 %"), ("cluster_acc", "k-means"))

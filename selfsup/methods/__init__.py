@@ -15,7 +15,9 @@ from selfsup.config import Config, ConfigError, derived, from_dict, stage_config
 from selfsup.methods.barlow_twins import BarlowTwins
 from selfsup.methods.base import MethodConfig, StepOutput
 from selfsup.methods.byol import BYOL
+from selfsup.methods.dino import DINO
 from selfsup.methods.extrema import ExtreMA
+from selfsup.methods.ibot import IBOT
 from selfsup.methods.mae import MAE
 from selfsup.methods.mast import MAST
 from selfsup.methods.mocov3 import MoCoV3
@@ -33,6 +35,8 @@ METHODS: dict[str, type[nn.Module]] = {
     "mast": MAST,
     "mae": MAE,
     "nnclr": NNCLR,
+    "dino": DINO,
+    "ibot": IBOT,
     "simclr": SimCLR,
     "mocov3": MoCoV3,
 }
