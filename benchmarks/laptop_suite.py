@@ -28,7 +28,6 @@ run's end, whose CPU-minutes are all the stages'.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import shlex
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 
 from accuracy_per_minute import budget_curve, calibrate, cpu_model
-from selfsup.config import Config, stage_configs
+from selfsup.config import Config, stage_configs, to_dict
 from selfsup.load import load_config
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
@@ -84,7 +83,7 @@ def fingerprint(cfg: Config) -> str:
     own length (``trainer.epochs``, ``trainer.max_steps``) is left out: the suite sets that length from the budget, so
     a preset re-sized for direct runs keeps its finished suite runs. A staged preset's stage lengths are kept: the
     suite prices them and keeps their proportions."""
-    fields = dataclasses.asdict(cfg)
+    fields = to_dict(cfg)  # the YAML sections, not what was derived from them (a parse cache)
     if not cfg.stages:
         fields["trainer"] = {k: v for k, v in fields["trainer"].items() if k not in ("epochs", "max_steps")}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -383,8 +383,8 @@ def test_laptop_suite_refuses_unknown_presets_and_missing_data(tmp_path: Path) -
     with pytest.raises(SystemExit, match="train/ folder"):
         laptop_suite.main(["--data", str(tmp_path)])
     (tmp_path / "train").mkdir()
-    with pytest.raises(SystemExit, match="no laptop preset .*simclr"):
-        laptop_suite.main(["--data", str(tmp_path), "--methods", "vicreg,simclr"])
+    with pytest.raises(SystemExit, match="no laptop preset .*swav"):
+        laptop_suite.main(["--data", str(tmp_path), "--methods", "vicreg,swav"])
 
 
 def test_suite_trends_plots_each_complete_comparison_and_prints_the_gains(tmp_path: Path, capsys) -> None:

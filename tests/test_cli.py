@@ -180,7 +180,7 @@ def test_bad_config_fails_before_work_naming_the_key(tmp_path, capsys):
     assert "optim.lrr" in err and "allowed keys" in err
     assert main(["pretrain", str(cfg), "optim.name=adamx", f"trainer.out={tmp_path / 'x'}"]) == 2
     assert "adamw" in capsys.readouterr().err
-    assert main(["pretrain", str(cfg), "method.name=simclr", f"trainer.out={tmp_path / 'x'}"]) == 2
+    assert main(["pretrain", str(cfg), "method.name=swav", f"trainer.out={tmp_path / 'x'}"]) == 2
     assert "vicreg" in capsys.readouterr().err
     assert main(["pretrain", str(cfg), "views.0.params.crop_scalez=1", f"trainer.out={tmp_path / 'x'}"]) == 2
     assert "crop_scalez" in capsys.readouterr().err
