@@ -85,3 +85,12 @@ def test_cuda_features_give_the_cpu_votes() -> None:
     scores = knn_scores(TRAIN.cuda(), TRAIN_Y, TEST.cuda(), k=4, temperature=0.5)
     assert scores.device.type == "cuda"
     torch.testing.assert_close(scores.cpu(), knn_scores(TRAIN, TRAIN_Y, TEST, k=4, temperature=0.5))
+
+
+def test_test_features_are_not_centred_with_their_own_mean() -> None:
+    # Issue 52: cosine kNN compares each test vector with the training vectors as they are. Training points at
+    # (+-1, 0.1) (class by the sign of x); test points are the same two shifted by (+5, 0): both lie nearest the
+    # class-1 direction, 50 %. Centring the test set with its own mean would undo the shift and score 100 %.
+    train_x, train_y = torch.tensor([[-1.0, 0.1], [1.0, 0.1]]), torch.tensor([0, 1])
+    shifted = train_x + torch.tensor([5.0, 0.0])
+    assert knn_classify(train_x, train_y, shifted, train_y, k=1, temperature=0.07)["top1"] == 50.0

@@ -133,3 +133,20 @@ def test_cuda_device_matches_cpu() -> None:
     cuda = linear_probe(train_x, train_y, test_x, test_y, epochs=3, batch_size=8, device="cuda")
     assert cuda["top1"] == cpu["top1"] == 100.0
     assert (cuda["best_lr"], cuda["best_wd"]) == (cpu["best_lr"], cpu["best_wd"])
+
+
+def test_test_features_are_standardised_with_the_training_statistics() -> None:
+    # Issue 52: a probe that standardised the test features with their own mean / std passed every test. Here the
+    # class is the sign of feature 0 in training (mean 0), and every test point is shifted by +3 on that feature.
+    # With the training statistics all test points land on the positive side: class 1 for all, 50 %. Re-centring
+    # the test set with its own mean would undo the shift and score 100 %.
+    gen = torch.Generator().manual_seed(0)
+    signs = torch.tensor([-1.0, 1.0]).repeat(40)
+    train_y = (signs > 0).long()
+    train_x = 0.1 * torch.randn(80, 3, generator=gen)
+    train_x[:, 0] += signs
+    test_x = train_x[:20].clone()
+    test_x[:, 0] += 3.0
+    result = linear_probe(train_x, train_y, test_x, train_y[:20], epochs=5, batch_size=16)
+    assert result["val_top1"] == 100.0  # the probe learnt the sign of feature 0
+    assert result["top1"] == 50.0  # and applied the training mean / std to the shifted test set
