@@ -19,14 +19,13 @@ import pytest
 
 from selfsup.methods import METHODS
 
-SEEDS = "shared/seeds/"
-SPECS = "shared/specs/"
 
 # field -> (paper value, where it comes from)
 PAPER_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
     "vicreg": {
-        "expander": ([8192, 8192, 8192], "VICReg (Bardes et al. 2022) §4.2: 3 FC layers of 8192; specs/mast.md §2.1"),
-        "sim_weight": (25.0, "VICReg §4.2: lambda = mu = 25, nu = 1; MAST seed §3.2 'alpha = 25, beta = 1 following VICReg'"),
+        "expander": ([8192, 8192, 8192], "VICReg (Bardes et al. 2022) §4.2: 3 FC layers of 8192; specs/mast.md §2.2"),
+        "sim_weight": (25.0, "VICReg §4.2: lambda = mu = 25, nu = 1; MAST seed §3.2 'alpha = 25, beta = 1 "
+                               "following VICReg'"),
         "var_weight": (25.0, "VICReg §4.2: mu = 25"),
         "cov_weight": (1.0, "VICReg §4.2: nu = 1"),
     },
@@ -42,7 +41,8 @@ PAPER_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "momentum_end": (1.0, "BYOL §3.3: tau increased to 1 with a cosine schedule"),
     },
     "msn": {
-        "projector": ([2048, 2048, 256], "MSN seed App. A.1: 3-layer head, output 256; hidden 2048 from specs/msn.md (code)"),
+        "projector": ([2048, 2048, 256], "MSN seed App. A.1: 3-layer head, output 256; hidden 2048 "
+                                         "from specs/msn.md (code)"),
         "projector_norm": ("batch", "MSN seed App. A.1: batch-normalization at the input and hidden layers"),
         "num_prototypes": (1024, "MSN seed App. A.1: 1024 prototypes of dimension 256; Tab. 12"),
         "anchor_temperature": (0.1, "MSN seed App. A.1: temperature 0.1 for the anchor network"),
@@ -76,7 +76,8 @@ PAPER_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
     },
     "mast": {
         "ops": (["color_jitter", "blur", "flip", "grayscale", "crop"],
-                "MAST seed §3.2, specs/mast.md §2.5: MAST-5 = colour jitter, blur, flip, grayscale, RandomResizedCrop"),
+                "MAST seed §3.2, specs/mast.md §2.5: MAST-5 = colour jitter, blur, flip, grayscale, "
+                "RandomResizedCrop"),
         "embedding_dim": (4096, "MAST seed App. A: mu in R^d with d = 4096"),
         "trunk": ([8192, 8192], "MAST seed §3.2: two fully-connected layers of size 8192"),
         "pooling": ("gem", "MAST seed App. A: GeM pooling in each head"),
@@ -91,17 +92,17 @@ PAPER_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "labels": ("drawn", "MAST seed §3.2: the subspaces of the sampled augmentations"),
     },
     "mae": {
-        "mask_ratio": (0.75, "MAE (He et al. 2022) §4; MAE-CT seed §4.2; specs/mae_ct.md §2.1: r = 0.75"),
-        "decoder_dim": (512, "specs/mae_ct.md §2.1: decoder width 512 (MAE default, MAE-CT yamls)"),
-        "decoder_depth": (8, "specs/mae_ct.md §2.1: 8 transformer blocks"),
-        "decoder_heads": (16, "specs/mae_ct.md §2.1: 16 heads"),
+        "mask_ratio": (0.75, "MAE (He et al. 2022) §4; MAE-CT seed §4.2; specs/mae_ct.md §2.2: r = 0.75"),
+        "decoder_dim": (512, "specs/mae_ct.md §2.2: decoder width 512 (MAE default, MAE-CT yamls)"),
+        "decoder_depth": (8, "specs/mae_ct.md §2.2: 8 transformer blocks"),
+        "decoder_heads": (16, "specs/mae_ct.md §2.2: 16 heads"),
         "decoder_mlp_ratio": (4.0, "MAE code (models_mae.py mlp_ratio=4)"),
         "norm_pix_loss": (True, "MAE Tab. 1d; MAE-CT seed §4.2: normalized-pixel targets"),
     },
     "nnclr": {
-        "projector": ([2048, 2048, 256], "NNCLR (Dwibedi et al. 2021) §4 implementation details; specs/mae_ct.md §2.2: 3 layers, hidden "
-                                         "2048, out 256"),
-        "predictor": ([4096, 256], "NNCLR §4; specs/mae_ct.md §2.2: 2 layers, hidden 4096, out 256"),
+        "projector": ([2048, 2048, 256], "NNCLR (Dwibedi et al. 2021) §4 implementation details; "
+                                         "specs/mae_ct.md §2.3: 3 layers, hidden 2048, out 256"),
+        "predictor": ([4096, 256], "NNCLR §4; specs/mae_ct.md §2.3: 2 layers, hidden 4096, out 256"),
         "queue_size": (98304, "NNCLR §4: support set of 98,304 (MAE-CT: 65,536)"),
         "temperature": (0.1, "NNCLR §4: temperature 0.1"),
         "topk": (1, "NNCLR Eq. 2: the nearest neighbour"),
