@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from selfsup.config import Config, load_config
+from selfsup.config import Config
+from selfsup.load import load_config
 from selfsup.eval.run import evaluate_run, evaluation_split, run_config
 from selfsup.launch import pretrain
 

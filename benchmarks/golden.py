@@ -19,6 +19,8 @@ directory given (``--repo``), with stand-ins for imports that only data loading 
 
     python benchmarks/golden.py msn --repo /tmp/anchors_golden/msn
     python benchmarks/golden.py extrema --repo /tmp/anchors_golden/extrema
+    python benchmarks/golden.py dino --repo /tmp/anchors_golden/dino
+    python benchmarks/golden.py ibot --repo /tmp/anchors_golden/ibot
 
 Get the repositories as in ``../shared/anchors-bench/README.md`` (``git archive`` of the public repos into a
 directory outside every repository).
@@ -208,7 +210,8 @@ def _stored_dtype(key: str) -> type:
     queue (unit vectors), and the [CLS] token (ours is their [CLS] plus their [CLS] position row, a sum that float32
     would round); float32 for the rest. Weights and inputs are made in float32 and the authors' pass runs in float64
     on them, so storing them as float32 is exact; gradients lose only float32 rounding (relative 6e-8)."""
-    exact = (key.endswith(("/loss", "cls_token", "queue", "queue_after"))
+    exact = (key.endswith(("/loss", "cls_token", "queue", "queue_after", "center", "center_after", "center2",
+                           "center2_after"))
              or key.startswith(("teacher_after/", "schedule/")) or "/teacher_after/" in key)
     return np.float64 if exact else np.float32
 
@@ -822,6 +825,28 @@ def golden_multiview(repo: str, out_dir: str, command: str, commit: str) -> None
     _save("multiview", meta, arrays, out_dir)
 
 
+# ------------------------------------------------------------------------------------------------ DINO / iBOT
+def _dino_to_ours(prefix: str, gradients: bool = False) -> Callable[[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """DINO's / iBOT's ``MultiCropWrapper(VisionTransformer, DINOHead or iBOTHead)`` -> selfsup's ``encoder`` (the
+    ViT, named as MSN's deit: [CLS] position row folded into ``cls_token``) and ``head`` (``DINOHead``: ``mlp.i``
+    keeps its index, ``last_layer.weight_v`` its name, iBOT's ``last_layer2`` is ``patch_last_layer``). Their
+    fixed ``weight_g`` (norm_last_layer, 1) is no parameter of ours; iBOT's ``masked_embed`` is ``mask_token``."""
+    vit = (_deit_grad_to_ours if gradients else _deit_to_ours)(prefix, {})
+
+    def mapping(name: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+        if name.startswith("backbone."):
+            inner = name[len("backbone."):]
+            if inner == "masked_embed":
+                return {prefix + "mask_token": value.reshape(-1)}
+            return vit(inner, value)
+        if name.endswith("weight_g"):
+            if not torch.all(value == 1):
+                raise ValueError(f"{name} is not 1: selfsup fixes the last layer's norm to 1 (norm_last_layer)")
+            return {}
+        if name.startswith("head."):
+            inner = name[len("head."):].replace("last_layer2.", "patch_last_layer.")
+            return {prefix + "head." + inner: value}
+        raise KeyError(f"no selfsup name for {name!r}")
 # --------------------------------------------------------------------------------------------- MoCo v3
 class _EncoderWithClassifier(nn.Module):
     """Stand-in for torchvision's ResNet (``fc``) or timm's ViT (``head``) as their builder receives it: a trunk
@@ -855,6 +880,265 @@ def _moco_to_ours(classifier: str) -> Callable[[str, torch.Tensor], dict[str, to
     return mapping
 
 
+def _size_based_pos_embed(vit: nn.Module) -> None:
+    """Their ``interpolate_pos_encoding`` resizes with ``scale_factor = (grid + 0.1) / sqrt(N)``, which maps source
+    coordinates by that factor (2.1 / 4 for a 4 -> 2 grid, not 1 / 2); selfsup's resizes to the target grid. Both
+    sides use bicubic interpolation to the grid size here (a runtime change, in the README)."""
+
+    def interpolate(x: torch.Tensor, w: int, h: int) -> torch.Tensor:
+        n = vit.pos_embed.shape[1] - 1
+        side = int(math.sqrt(n))
+        gw, gh = w // vit.patch_embed.patch_size, h // vit.patch_embed.patch_size
+        if (gw, gh) == (side, side):
+            return vit.pos_embed
+        grid = vit.pos_embed[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(gh, gw), mode="bicubic", align_corners=False)
+        return torch.cat([vit.pos_embed[:, :1], grid.permute(0, 2, 3, 1).reshape(1, gh * gw, -1)], dim=1)
+
+    vit.interpolate_pos_encoding = interpolate
+
+
+def _dino_like_pair(build: Callable[[], nn.Module], gen: torch.Generator) -> tuple[nn.Module, nn.Module]:
+    """Student and teacher built apart (weight_norm modules cannot be deep-copied), teacher loaded from the student
+    (their ``load_state_dict``) and moved 0.02 N(0, 1) away; both perturbed as the other goldens."""
+    student, teacher = build(), build()
+    _perturb(student, 0.02, gen)
+    teacher.load_state_dict(student.state_dict(), strict=False)
+    _perturb(teacher, 0.02, gen)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return student.to(DTYPE).train(), teacher.to(DTYPE).train()
+
+
+def _their_ema(student: nn.Module, teacher: nn.Module, m: float) -> None:
+    """main_dino.train_one_epoch / main_ibot.train_one_epoch: ``param_k = m param_k + (1 - m) param_q`` over the
+    parameters both have (restated: it is inline there)."""
+    names = dict(teacher.named_parameters())
+    with torch.no_grad():
+        for name, q in student.named_parameters():
+            if name in names:
+                names[name].data.mul_(m).add_((1 - m) * q.detach().data)
+
+
+DINO_CONFIG = {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "batch": 8,
+               "local_views": 2, "local_size": 8, "head_hidden": 64, "bottleneck": 16, "out_dim": 32,
+               "head_layers": 3, "student_temperature": 0.1, "warmup_teacher_temperature": 0.04,
+               "teacher_temperature": 0.07, "warmup_teacher_temperature_epochs": 3, "epochs": 5, "epoch": 1,
+               "center_momentum": 0.9, "momentum": 0.996, "layer_norm_eps": 1e-6}
+
+
+def _dino_images(cfg: dict, gen: torch.Generator) -> list[torch.Tensor]:
+    b, s, ls = cfg["batch"], cfg["img_size"], cfg["local_size"]
+    imgs = [torch.randn(b, 3, s, s, generator=gen) for _ in range(2)]
+    imgs += [torch.randn(b, 3, ls, ls, generator=gen) for _ in range(cfg["local_views"])]
+    return imgs
+
+
+def golden_dino(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """DINO (facebookresearch/dino): vision_transformer.py VisionTransformer and DINOHead, utils.MultiCropWrapper,
+    main_dino.DINOLoss (centring, sharpening at the warm-up's teacher temperature, centre update), the inline EMA."""
+    _install_stubs()
+    cfg = dict(DINO_CONFIG)
+    with _on_path(repo):
+        import main_dino
+        import utils
+        import vision_transformer as vits
+    _init_gloo()  # DINOLoss.update_center all-reduces
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+
+    def build() -> nn.Module:
+        vit = vits.VisionTransformer(img_size=[cfg["img_size"]], patch_size=cfg["patch_size"],
+                                     embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                                     mlp_ratio=4, qkv_bias=True,
+                                     norm_layer=partial(nn.LayerNorm, eps=cfg["layer_norm_eps"]))
+        _size_based_pos_embed(vit)
+        head = vits.DINOHead(cfg["embed_dim"], cfg["out_dim"], use_bn=False, norm_last_layer=True,
+                             nlayers=cfg["head_layers"], hidden_dim=cfg["head_hidden"],
+                             bottleneck_dim=cfg["bottleneck"])
+        return utils.MultiCropWrapper(vit, head)
+
+    student, teacher = _dino_like_pair(build, gen)
+    imgs = [img.to(DTYPE) for img in _dino_images(cfg, gen)]
+    loss_fn = main_dino.DINOLoss(cfg["out_dim"], 2 + cfg["local_views"], cfg["warmup_teacher_temperature"],
+                                 cfg["teacher_temperature"], cfg["warmup_teacher_temperature_epochs"], cfg["epochs"],
+                                 student_temp=cfg["student_temperature"], center_momentum=cfg["center_momentum"])
+    center = 0.5 * torch.randn(1, cfg["out_dim"], generator=gen)  # a centre that matters (theirs starts at 0)
+    loss_fn.center = center.to(DTYPE).clone()
+    cfg["teacher_temperature_now"] = float(loss_fn.teacher_temp_schedule[cfg["epoch"]])
+
+    with torch.no_grad():
+        teacher_output = teacher(imgs[:2])  # only the 2 global views pass through the teacher
+    student_output = student(imgs)
+    loss = loss_fn(student_output, teacher_output, cfg["epoch"])
+    loss.backward()
+    print(f"dino: loss {float(loss):.10f} (teacher temperature {cfg['teacher_temperature_now']:.4f})")
+
+    mapping = _dino_to_ours("")
+    arrays: dict[str, np.ndarray] = {"dino/loss": _np(loss)}
+    grads = {n: p.grad for n, p in student.named_parameters() if p.requires_grad}
+    arrays.update(_renamed(grads, _dino_to_ours("", gradients=True), "dino/grad"))
+    arrays.update(_renamed(dict(student.named_parameters()), mapping, "student"))
+    arrays.update(_renamed(dict(teacher.named_parameters()), mapping, "teacher"))
+    arrays["input/center"] = _np(center[0])
+    arrays["dino/center_after"] = _np(loss_fn.center[0])
+    _their_ema(student, teacher, cfg["momentum"])
+    arrays.update(_subset(_renamed(dict(teacher.named_parameters()), mapping, "teacher_after"), DINO_EMA_SUBSET))
+    for i, img in enumerate(imgs):
+        arrays[f"input/view{i}"] = _np(img)
+    meta = {"method": "dino", "repo": "facebookresearch/dino", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg,
+            "notes": ["views: 2 global (16 px) then 2 local (8 px); the teacher sees the global ones only",
+                      "weights: their init + 0.02 N(0,1) on every trainable parameter; teacher = student + another "
+                      "0.02 N(0,1); weight_g stays 1 (norm_last_layer)",
+                      "their interpolate_pos_encoding replaced by a resize to the grid size (selfsup's)",
+                      "centre: 0.5 N(0,1) before the loss (input/center), theirs after it (dino/center_after)",
+                      "teacher temperature: their per-epoch warm-up schedule at epoch 1 (teacher_temperature_now)",
+                      "teacher_after: main_dino's inline EMA with m = 0.996 on the stored student (no optimiser step)"]}
+    _save("dino", meta, arrays, out_dir)
+
+
+IBOT_CONFIG = {**DINO_CONFIG, "teacher_temperature": 0.06, "teacher_patch_temperature": 0.08,
+               "warmup_teacher_patch_temperature": 0.04, "patch_out_dim": 24, "center_momentum2": 0.8,
+               "mask_ratio": [0.0, 0.3], "mask_ratio_var": [0.0, 0.2], "mask_aspect": [0.3, 1 / 0.3],
+               "mask_seed": 3, "cls_weight": 1.0, "patch_weight": 0.5}
+
+
+def _ibot_block_masks(loader, cfg: dict, imgs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Their ``loader.ImageFolderMask.__getitem__`` (BEiT-style block masks, a prediction ratio drawn per crop from
+    ``pred_ratio`` +- ``pred_ratio_var``, Python's ``random``) over the batch, image by image, on the global crops.
+    Its dataset base class is a stand-in whose ``__getitem__`` returns the crops of image ``index``."""
+    dataset = loader.ImageFolderMask.__new__(loader.ImageFolderMask)
+    dataset.psz = cfg["patch_size"]
+    dataset.pred_ratio, dataset.pred_ratio_var = list(cfg["mask_ratio"]), list(cfg["mask_ratio_var"])
+    dataset.log_aspect_ratio = tuple(math.log(x) for x in cfg["mask_aspect"])
+    dataset.pred_shape, dataset.pred_start_epoch = "block", 0
+    loader.ImageFolderMask.__bases__[0].__getitem__ = lambda self, index: ([img[index] for img in imgs[:2]], 0)
+    random_state = __import__("random").getstate()
+    __import__("random").seed(cfg["mask_seed"])
+    try:
+        per_image = [dataset[i][2] for i in range(cfg["batch"])]
+    finally:
+        __import__("random").setstate(random_state)
+    return [torch.from_numpy(np.stack([m[v] for m in per_image])) for v in range(2)]
+
+
+def golden_ibot(repo: str, out_dir: str, command: str, commit: str) -> None:
+    """iBOT (bytedance/ibot): models/vision_transformer.py VisionTransformer with masked image modelling,
+    models/head.py iBOTHead (shared and separate last layers), utils.MultiCropWrapper, loader.ImageFolderMask's
+    block masks, main_ibot.iBOTLoss (two centres, two teacher temperatures), the inline EMA."""
+    _install_stubs()
+    _stub_tree("timm", "tensorboardX", "munkres", "sklearn")
+    cfg = dict(IBOT_CONFIG)
+    with _on_path(repo):
+        import loader
+        import main_ibot
+        import utils
+        from models.head import iBOTHead
+        from models.vision_transformer import VisionTransformer
+    _init_gloo()
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    imgs = [img.to(DTYPE) for img in _dino_images(cfg, gen)]
+    masks = _ibot_block_masks(loader, cfg, imgs)
+    center = 0.5 * torch.randn(1, cfg["out_dim"], generator=gen)
+    arrays: dict[str, np.ndarray] = {"input/center": _np(center[0])}
+    cases = {}
+    pairs: dict[str, tuple[nn.Module, nn.Module]] = {}
+    for case, shared in (("separate", False), ("shared", True)):
+        def build() -> nn.Module:
+            vit = VisionTransformer(img_size=[cfg["img_size"]], patch_size=cfg["patch_size"],
+                                    embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                                    mlp_ratio=4, qkv_bias=True, return_all_tokens=True, masked_im_modeling=True,
+                                    norm_layer=partial(nn.LayerNorm, eps=cfg["layer_norm_eps"]))
+            _size_based_pos_embed(vit)
+            head = iBOTHead(cfg["embed_dim"], cfg["out_dim"], patch_out_dim=cfg["patch_out_dim"], norm=None,
+                            act="gelu", norm_last_layer=True, shared_head=shared, nlayers=cfg["head_layers"],
+                            hidden_dim=cfg["head_hidden"], bottleneck_dim=cfg["bottleneck"])
+            return utils.MultiCropWrapper(vit, head)
+
+        pairs[case] = _dino_like_pair(build, gen)
+        if case == "shared":  # the separate pair's weights (a superset), so that one copy serves both cases
+            for ours, theirs in zip(pairs["shared"], pairs["separate"]):
+                ours.load_state_dict({k: v for k, v in theirs.state_dict().items() if "last_layer2" not in k},
+                                     strict=False)  # their shared last_layer2 is last_layer
+    for case, shared in (("shared", True), ("separate", False)):
+        student, teacher = pairs[case]
+        gen_case = torch.Generator().manual_seed(1 if shared else 2)
+        teacher.backbone.masked_im_modeling = False  # main_ibot builds the teacher without it
+        with torch.no_grad():  # their loader puts the teacher's mask token at its init (not used)
+            teacher.backbone.masked_embed.zero_()
+        patch_dim = cfg["out_dim"] if shared else cfg["patch_out_dim"]
+        loss_fn = main_ibot.iBOTLoss(cfg["out_dim"], patch_dim, 2, cfg["local_views"],
+                                     cfg["warmup_teacher_temperature"], cfg["teacher_temperature"],
+                                     cfg["warmup_teacher_patch_temperature"], cfg["teacher_patch_temperature"],
+                                     cfg["warmup_teacher_temperature_epochs"], cfg["epochs"],
+                                     student_temp=cfg["student_temperature"], center_momentum=cfg["center_momentum"],
+                                     center_momentum2=cfg["center_momentum2"], lambda1=cfg["cls_weight"],
+                                     lambda2=cfg["patch_weight"])
+        loss_fn.center = center.to(DTYPE).clone()
+        center2 = 0.5 * torch.randn(1, 1, patch_dim, generator=gen_case)
+        loss_fn.center2 = center2.to(DTYPE).clone()
+        epoch = cfg["epoch"]
+        cfg["teacher_temperature_now"] = float(loss_fn.teacher_temp_schedule[epoch])
+        cfg["teacher_patch_temperature_now"] = float(loss_fn.teacher_temp2_schedule[epoch])
+
+        # main_ibot.train_one_epoch
+        with torch.no_grad():
+            teacher_output = teacher(imgs[:2])
+        student_output = student(imgs[:2], mask=masks)
+        student.backbone.masked_im_modeling = False
+        student_local_cls = student(imgs[2:])[0]
+        student.backbone.masked_im_modeling = True
+        all_loss = loss_fn(student_output, teacher_output, student_local_cls, masks, epoch)
+        loss = all_loss.pop("loss")
+        loss.backward()
+        print(f"ibot {case}: loss {float(loss.detach()):.10f} (cls {float(all_loss['cls']):.6f}, "
+              f"patch {float(all_loss['patch']):.6f})")
+
+        mapping = _dino_to_ours("")
+        arrays[f"{case}/loss"] = _np(loss)
+        arrays[f"{case}/cls"] = _np(all_loss["cls"])
+        grads = {n: p.grad for n, p in student.named_parameters() if p.requires_grad}
+        case_grads = _renamed(grads, _dino_to_ours("", gradients=True), f"{case}/grad")
+        arrays.update(case_grads if shared else _subset(case_grads, SUBSET + DINO_EMA_SUBSET))
+        if not shared:  # the superset: the shared case's weights are these without head.patch_last_layer
+            arrays.update(_renamed(dict(student.named_parameters()), mapping, "student"))
+            teacher_params = {n: p for n, p in teacher.named_parameters() if n != "backbone.masked_embed"}
+            arrays.update(_renamed(teacher_params, mapping, "teacher"))
+        arrays[f"{case}/input/center2"] = _np(center2[0, 0])
+        arrays[f"{case}/center_after"] = _np(loss_fn.center[0])
+        arrays[f"{case}/center2_after"] = _np(loss_fn.center2[0, 0])
+        _their_ema(student, teacher, cfg["momentum"])
+        after = _renamed({n: p for n, p in teacher.named_parameters() if n != "backbone.masked_embed"}, mapping,
+                         f"teacher_after/{case}")
+        arrays.update({k: v for k, v in after.items() if k.split("/")[-1] in DINO_EMA_SUBSET})
+        cases[case] = {"shared_head": shared, "loss": float(loss.detach())}
+    for i, img in enumerate(imgs):
+        arrays[f"input/view{i}"] = _np(img)
+    for v, m in enumerate(masks):
+        arrays[f"input/mask{v}"] = m.numpy()
+    meta = {"method": "ibot", "repo": "bytedance/ibot", "commit": commit, "command": command,
+            "dtype": str(DTYPE).replace("torch.", ""), "config": cfg, "cases": cases,
+            "notes": ["views: 2 global (16 px, masked for the student) then 2 local (8 px, unmasked, student only)",
+                      "masks: loader.ImageFolderMask.__getitem__ on the two global crops of each image in turn, "
+                      "Python's random seeded with mask_seed (input/mask0, mask1: (B, H, W), True = masked)",
+                      "weights: their init + 0.02 N(0,1) on every trainable parameter; teacher = student + another "
+                      "0.02 N(0,1); weight_g stays 1 (norm_last_layer); the teacher's masked_embed is unused; "
+                      "one copy (student/*, teacher/*): case shared uses all but head.patch_last_layer",
+                      "case separate: shared_head False for the student and shared_head_teacher False (their "
+                      "default True gives the teacher the [CLS] last layer for patches; selfsup's teacher is an "
+                      "EMA copy of the student, separate layer included)",
+                      "their interpolate_pos_encoding replaced by a resize to the grid size (selfsup's)",
+                      "centres: 0.5 N(0,1) before the loss (input/center, <case>/input/center2), theirs after it",
+                      "teacher temperatures: their per-epoch warm-up schedules at epoch 1 (*_now)",
+                      "teacher_after/<case>: main_ibot's inline EMA over common parameters, m = 0.996"]}
+    _save("ibot", meta, arrays, out_dir)
+
+
+DINO_EMA_SUBSET = ("encoder.patch_embed.weight", "encoder.cls_token", "encoder.blocks.1.attn.qkv.bias",
+                   "encoder.norm.bias", "head.mlp.2.weight", "head.last_layer.weight_v",
+                   "head.patch_last_layer.weight_v", "mask_token")
 MOCO_EMA_SUBSET = ("backbone.stem.0.weight", "backbone.layer4.0.bn2.bias", "backbone.patch_embed.weight",
                    "backbone.cls_token", "backbone.blocks.1.attn.qkv.bias", "backbone.norm.bias", "projector.0.weight",
                    "projector.1.weight", "projector.3.weight")  # the EMA is elementwise: a few tensors show it
@@ -945,7 +1229,7 @@ def golden_mocov3(repo: str, out_dir: str, command: str, commit: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ main
 METHODS = {"msn": golden_msn, "extrema": golden_extrema, "mae": golden_mae, "nnclr": golden_nnclr,
-           "multiview": golden_multiview, "mocov3": golden_mocov3}
+           "multiview": golden_multiview, "mocov3": golden_mocov3, "dino": golden_dino, "ibot": golden_ibot}
 
 
 def main(argv: list[str] | None = None) -> None:

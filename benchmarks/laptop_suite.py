@@ -40,14 +40,15 @@ from pathlib import Path
 import torch
 
 from accuracy_per_minute import budget_curve, calibrate, cpu_model
-from selfsup.config import Config, load_config, stage_configs
+from selfsup.config import Config, stage_configs
+from selfsup.load import load_config
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
 from selfsup.train.schedules import run_steps
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs" / "cifar10" / "laptop"
 METHODS = ("vicreg", "barlow_twins", "byol", "nnclr", "simclr", "mocov3", "multiview_vicreg", "mast5", "mast15", "msn",
-           "extrema", "mae", "mae_ct")
+           "extrema", "mae", "mae_ct", "dino", "ibot")
 # Table columns: (result key, heading).
 # knn200_top1: lightly's k = 200, T = 0.1 (selfsup.eval.knn), so the 20-NN numbers compare with lightly's tables.
 COLUMNS = (("knn_top1", "20-NN"), ("knn200_top1", "200-NN"), ("linear_top1", "linear"),

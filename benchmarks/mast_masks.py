@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from selfsup.config import load_config
+from selfsup.load import load_config
 from selfsup.data.datasets import load_dataset
 from selfsup.methods.assemble import build_model
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from selfsup.config import load_config
+from selfsup.load import load_config
 from selfsup.eval.run import evaluate_run, run_config
 from selfsup.launch import pretrain
 

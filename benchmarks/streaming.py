@@ -154,7 +154,7 @@ def coverage(root: Path, batch: int = 100) -> dict:
 
 def layouts(root: Path, common: list[str]) -> dict:
     import selfsup.data.decode as decode
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.bench import bench
 
     shards = root.with_name(root.name + "-shards")

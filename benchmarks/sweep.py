@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 from pretrain_eval import pretrain_and_evaluate
-from selfsup.config import ConfigError, load_config, to_dict
+from selfsup.config import ConfigError, to_dict
+from selfsup.load import load_config
 from selfsup.launch import validate
 
 

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from selfsup.config import load_config
+from selfsup.load import load_config
 from selfsup.bench import bench
 
 

@@ -280,7 +280,8 @@ def pretrain(config: str | Path | dict[str, Any] | Config, *overrides: str, allo
 
 def pretrain_config(target: Path, overrides: list[str]) -> Config:
     """The config ``selfsup pretrain TARGET`` trains: a YAML file, or a run directory's own config (resumed)."""
-    from selfsup.config import ConfigError, load_config
+    from selfsup.config import ConfigError
+    from selfsup.load import load_config
 
     if target.is_dir():  # resume a run directory with its own config
         if not (target / "config.yaml").is_file():

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from selfsup.checkpoint import CheckpointError
-from selfsup.config import ConfigError, load_config, stage_configs
+from selfsup.config import ConfigError, stage_configs
+from selfsup.load import load_config
 from selfsup.export import FORMATS
 
 log = logging.getLogger("selfsup")

@@ -4,7 +4,8 @@ A config is a tree of dataclasses. Every leaf has a type (and, for choices, a ``
 unknown key or a bad value fails at load time with a message naming the key and what is allowed.
 Method-, backbone- and view-specific parameters live in free-form mappings that are validated by
 the component that owns them (``selfsup.methods``, ``selfsup.models``, ``selfsup.data.augment``),
-also before training starts.
+also before training starts. This module imports none of them: :func:`selfsup.load.load_config`, what callers use,
+reads a config here (:func:`read_config`) and checks its method sections with :mod:`selfsup.methods`.
 
 A YAML file may start with ``_base_: other.yaml`` (a path relative to the file, or a list of
 paths) to compose presets; later files and overrides win, mappings merge key by key.
@@ -12,6 +13,7 @@ paths) to compose presets; later files and overrides win, mappings merge key by 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+
+from selfsup.atomic import atomic_write
 
 
 class ConfigError(ValueError):
@@ -281,6 +285,8 @@ class EvalConfig:
     # false: knn_top1 / knn_top5 only.
     knn_lightly: bool = True
     linear_epochs: Repeats = 30
+    # ...or this many Adam steps, whichever is more: a few hundred labels give a few steps per pass (issue 52)
+    linear_min_steps: Annotated[int, Range(ge=0, le=10**7, example="5000")] = 5000
     linear_lrs: Annotated[list[Positive], NonEmpty()] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
     linear_weight_decays: Annotated[list[NonNegative], NonEmpty()] = field(default_factory=lambda: [0.0, 1e-4])
     # Features averaged over 1 clean + (n - 1) views augmented with views.0's preset (Ghosh et al. 2024: 16).
@@ -329,6 +335,12 @@ class Config:
     # model: {freeze: 2}, optim: {lr: 1e-4}, trainer: {epochs: 2}}``, plus an optional ``init_from: RUN_DIR``
     # (start from that run's weights instead of the previous stage's). Empty: one stage, the config itself.
     stages: list[dict[str, Any]] = field(default_factory=list)
+    # Not a config key (never read from YAML, never saved): what readers derive from the sections above, made once
+    # and handed down with the config (see :func:`derived`).
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, metadata={"yaml": False})
+
+    def __post_init__(self) -> None:
+        self.derived = dict(self.derived)  # a copy's own (``dataclasses.replace`` starts it from the original's)
 
 
 @functools.cache
@@ -458,8 +470,10 @@ def merge_indexed(items: list[Any], update: dict[str, Any], section: str, views:
     return items
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load YAML (or the defaults), apply ``key=value`` overrides and validate everything."""
+def read_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read YAML (or the defaults), apply ``key=value`` overrides and validate every section but the method's own
+    parameters; :func:`selfsup.load.load_config` (what callers use) checks those too (the methods import this module,
+    so this module does not import them)."""
     raw = load_yaml(path) if path is not None else {}
     tree = parse_overrides(overrides or [])
     views = raw.get("views", [dataclasses.asdict(v) for v in Config().views])
@@ -467,25 +481,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree["views"] = merge_indexed(views, tree["views"], "views", views)
     if isinstance(tree.get("stages"), dict):  # stages.<i or name>.<key>=value edits one stage
         tree["stages"] = merge_indexed(raw.get("stages") or [], tree["stages"], "stages", views)
-    cfg = from_dict(Config, deep_merge(raw, tree))
-    check_method_sections(cfg)
-    return cfg
+    return from_dict(Config, deep_merge(raw, tree))
 
 
-def check_method_sections(cfg: Config) -> None:
-    """The ``method`` section of the config and of every stage, against the method's own config dataclass (whose
-    fields declare their ranges as this module's do); also checks the stages themselves."""
-    from selfsup.methods import method_config  # the methods import this module
+T = typing.TypeVar("T")
 
-    for c in [cfg, *(stage.cfg for stage in stage_configs(cfg))]:
-        _, method_cfg = method_config(c.method)
-        # Views per image the method's step takes (its config's VIEWS = (least, most or None)), known up front.
-        least, most = getattr(type(method_cfg), "VIEWS", (1, None))
-        made = sum(v.num for v in c.views)
-        if made < least or (most is not None and made > most):
-            need = f"{least}" if least == most else f"at least {least}" if most is None else f"{least} to {most}"
-            raise ConfigError(f"method {c.method['name']} needs {need} views per image but the config makes {made} "
-                              f"(the sum of views.*.num); e.g. one view spec with views.0.num={least}")
+
+def derived(cfg: Config, key: str, source: Any, make: Callable[[], T]) -> T:
+    """``make()``, made once per config and kept in ``cfg.derived[key]`` while ``source`` (the part of ``cfg`` it is
+    made from) stays equal to what it was made from; so what a run derives from its config (the method section's
+    typed config, the stages' configs) is handed down with the config instead of being made again by every reader."""
+    kept = cfg.derived.get(key)
+    if kept is not None and kept[0] == source:
+        return kept[1]
+    value = make()
+    cfg.derived[key] = (copy.deepcopy(source), value)
+    return value
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
@@ -493,7 +504,7 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
     hints = _type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)]
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
@@ -598,8 +609,14 @@ class Stage:
 
 
 def stage_configs(cfg: Config) -> list[Stage]:
-    """The stages of a staged config, each a full validated :class:`Config` (``stages: []`` gives none)."""
-    base = {k: v for k, v in to_dict(cfg).items() if k != "stages"}
+    """The stages of a staged config, each a full validated :class:`Config` (``stages: []`` gives none); made once
+    per config (every reader gets the same stage configs, and what is derived from them)."""
+    whole = to_dict(cfg)
+    return list(derived(cfg, "stages", whole, lambda: _make_stages(cfg, whole)))
+
+
+def _make_stages(cfg: Config, whole: dict[str, Any]) -> list[Stage]:
+    base = {k: v for k, v in whole.items() if k != "stages"}
     stages, names = [], set()
     for i, spec in enumerate(cfg.stages, start=1):
         where = f"stages.{i - 1}"
@@ -639,12 +656,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config's YAML sections as plain data (what ``config.yaml`` holds; ``derived`` is no section)."""
+    out = dataclasses.asdict(dataclasses.replace(cfg, derived={}))
+    del out["derived"]
+    return out
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write ``cfg`` as YAML atomically: a crash or a full disk mid-write leaves the previous file whole."""
-    from selfsup.checkpoint import atomic_write
-
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))

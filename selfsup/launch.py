@@ -18,7 +18,7 @@ from selfsup.data.augment import augment_config
 from selfsup.data.datasets import DATASETS
 from selfsup.data.stream import split_size
 from selfsup.eval.monitor import build_knn_monitor
-from selfsup.methods import check_dataset, method_config
+from selfsup.methods import MethodConfig, method_of
 from selfsup.methods.assemble import assemble_model
 from selfsup.models import check_backbone_params
 from selfsup.train.loggers import check_loggers
@@ -36,9 +36,7 @@ def run_warnings(cfg: Config, total_steps: int, warmup: int) -> list[str]:
     if total_steps and warmup > total_steps / 4:
         warnings.append(f"the lr warm-up takes {warmup} of the run's {total_steps} steps ({warmup / total_steps:.0%}): "
                         f"the cosine barely decays; use optim.warmup_fraction=0.05 (a few % of the run)")
-    _, method_cfg = method_config(cfg.method)
-    if hasattr(method_cfg, "warnings"):
-        warnings.extend(method_cfg.warnings(cfg.trainer.batch_size))
+    warnings.extend(method_of(cfg)[1].warnings(cfg.trainer.batch_size))
     return warnings
 
 
@@ -49,9 +47,7 @@ def validate(cfg: Config) -> None:
     """Checks that need no data: run them before any work so bad configs fail fast (every stage's, for stages)."""
     for stage in stage_configs(cfg):
         validate(stage.cfg)
-    _, method_cfg = method_config(cfg.method)
-    if hasattr(method_cfg, "check_batch"):
-        method_cfg.check_batch(cfg.trainer.batch_size)
+    method_of(cfg)[1].check_batch(cfg.trainer.batch_size)
     check_backbone_params(cfg.model.backbone, cfg.model.params)
     if not cfg.views:
         raise ConfigError("views must list at least one view spec, each with num >= 1")
@@ -67,10 +63,12 @@ def validate(cfg: Config) -> None:
 
 def check_data_size(cfg: Config) -> None:
     """Method settings that depend on the number of training images (NNCLR's queue must stay below it), checked
-    before training; the data is counted (file names only) just for methods that have such a check."""
+    before training; the data is counted (file names only) just for methods that have such a check (that override
+    :meth:`MethodConfig.check_dataset`)."""
     for c in [stage.cfg for stage in stage_configs(cfg)] or [cfg]:
-        if hasattr(method_config(c.method)[1], "check_dataset"):
-            check_dataset(c.method, split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
+        method_cfg = method_of(c)[1]
+        if type(method_cfg).check_dataset is not MethodConfig.check_dataset:
+            method_cfg.check_dataset(split_size(c.data, c.data.train_split, c.data.fraction), c.trainer.batch_size)
 
 
 @contextlib.contextmanager

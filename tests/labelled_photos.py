@@ -15,7 +15,8 @@ import torch
 from PIL import Image
 
 from selfsup.checkpoint import export_backbone
-from selfsup.config import load_config, save_config
+from selfsup.config import save_config
+from selfsup.load import load_config
 from selfsup.models import build_backbone
 
 COLOURS = ("red", "green", "blue")  # class of image i: COLOURS[i % 3] (its bright channel)

@@ -13,16 +13,9 @@ from PIL import Image
 
 import selfsup
 from selfsup.cli import main
+from tiny import ADAMW, QUICK_EVAL, tiny
 
-CONFIG = {
-    "method": {"name": "vicreg", "expander": [32, 32]},
-    "data": {"dataset": "digits"},
-    "views": [{"preset": "minimal", "num": 2, "params": {"crop_scale": [0.5, 1.0]}}],
-    "model": {"backbone": "resnet", "params": {"block": "basic", "layers": [1, 1], "width": 8, "small_stem": True}},
-    "optim": {"name": "adamw", "lr": 0.002},
-    "trainer": {"batch_size": 64, "log_every_steps": 5, "progress": False},
-    "eval": {"linear_epochs": 2, "lowshot_shots": [1], "lowshot_splits": 1, "cluster_n_init": 1},
-}
+CONFIG = tiny(optim=ADAMW, trainer={"log_every_steps": 5}, eval=QUICK_EVAL)
 
 
 @pytest.fixture(scope="module")

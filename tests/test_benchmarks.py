@@ -77,7 +77,7 @@ def test_masking_robustness_is_one_without_masking_and_below_one_with_it(tmp_pat
                                                                           capsys) -> None:
     import masking_robustness
 
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     config = tmp_path / "vit.yaml"
@@ -473,13 +473,13 @@ def test_mutation_report_counts_classified_survivors_apart(monkeypatch, tmp_path
 def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_them(tmp_path: Path, monkeypatch,
                                                                                  capsys) -> None:
     import mast_masks
-    from tiny_mast import TINY_MAST
+    from tiny import MAST_RUN, tiny_yaml
 
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     config = tmp_path / "mast.yaml"
-    config.write_text(TINY_MAST)
+    config.write_text(tiny_yaml(MAST_RUN))
     run = pretrain(load_config(str(config), [f"trainer.out={tmp_path}/run", "trainer.max_steps=2"]))
     # Plant the degenerate state of docs/reproductions.md by hand: mask k keeps dimensions 0..k+2 at weight 1 (the
     # rest at 0.1), and the variance head's last bias makes the variance of dimensions 0..5 large.

@@ -20,22 +20,15 @@ from safetensors.torch import load_file
 
 from labelled_photos import labelled_run
 from selfsup.cli import main
+from tiny import ADAMW, tiny_yaml
 
 # accelerator cpu: a resume is bit-exact on the CPU; CUDA's kernels (cuDNN, atomics) are not deterministic
-TINY = """
-method: {name: vicreg, expander: [64, 64]}
-data: {dataset: digits}
-views:
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
-trainer: {epochs: 2, batch_size: 64, log_every_steps: 5, checkpoint_every_steps: 4, progress: false,
-          accelerator: cpu}
-eval: {linear_epochs: 5, lowshot_shots: [1, 5], lowshot_splits: 2, cluster_n_init: 1}
-"""
+VIEW = {"preset": "minimal", "num": 1, "params": {"crop_scale": [0.5, 1.0]}}
+RUN = {"method": {"name": "vicreg", "expander": [64, 64]}, "views": [VIEW, VIEW],
+       "optim": {**ADAMW, "warmup_epochs": 0.5},
+       "trainer": {"epochs": 2, "log_every_steps": 5, "checkpoint_every_steps": 4, "accelerator": "cpu"},
+       "eval": {"linear_epochs": 5, "lowshot_shots": [1, 5], "lowshot_splits": 2, "cluster_n_init": 1}}
+TINY = tiny_yaml(RUN)
 
 
 def write_config(tmp_path: Path, text: str = TINY) -> Path:
@@ -111,8 +104,7 @@ def test_the_evaluation_split_and_the_labels_may_change_when_a_run_is_resumed(tm
     eval_split: test (before auto was the default) resumes from a YAML without the key, and a CSV of labels may be
     added to a run of a folder of photos later."""
     run, root, labels = labelled_run(tmp_path)
-    cfg = write_config(tmp_path, TINY.replace("data: {dataset: digits}", f"data: {{dataset: imagefolder, root: {root}, "
-                                                                         f"image_size: 8}}"))
+    cfg = write_config(tmp_path, tiny_yaml(RUN, data={"dataset": "imagefolder", "root": str(root), "image_size": 8}))
     steps = ["trainer.max_steps=2", "trainer.batch_size=16", f"trainer.out={tmp_path / 'new'}"]
     assert main(["pretrain", str(cfg), *steps, "data.eval_split=test"]) == 0
     assert main(["pretrain", str(cfg), *steps]) == 0
@@ -125,8 +117,8 @@ def test_resnet_trained_on_views_smaller_than_the_images_is_evaluated_at_the_ima
     """resnet_30min.yaml trains on 22 px views of 28 px images: the export records the data's size, not the views',
     and evaluation embeds whole images at that size."""
     run = tmp_path / "run"
-    text = TINY.replace("num: 1, params", "num: 1, size: 6, params")
-    assert text.count("size: 6,") == 2
+    text = tiny_yaml(RUN, views=[{**VIEW, "size": 6}] * 2)
+    assert text.count("size: 6") == 2
     assert main(["pretrain", str(write_config(tmp_path, text)), f"trainer.out={run}"]) == 0
     assert json.loads((run / "backbone.json").read_text())["image_size"] == 8  # digits are 8 x 8
     capsys.readouterr()

@@ -14,18 +14,11 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from selfsup.cli import main
+from tiny import ONE_BLOCK, QUICK_EVAL, tiny_yaml
 
-CONFIG = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: digits}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1], width: 8, small_stem: true}
-trainer: {max_steps: 6, batch_size: 32, log_every_steps: 3, checkpoint_every_steps: 3, progress: false}
-eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}
-"""
+RUN = {"model": ONE_BLOCK, "trainer": {"max_steps": 6, "batch_size": 32, "log_every_steps": 3,
+                                       "checkpoint_every_steps": 3}, "eval": QUICK_EVAL}
+CONFIG = tiny_yaml(RUN)
 
 
 def error_line(capsys) -> str:
@@ -174,18 +167,19 @@ def test_snapshots_are_exported_along_the_run_and_evaluate_like_the_run(config, 
 def test_pretrain_refuses_an_nnclr_queue_as_large_as_the_dataset(tmp_path, capsys) -> None:
     """digits has 1,500 training images (its train split); a queue of 2,048 would hold every image's own last embedding."""
     path = tmp_path / "nnclr.yaml"
-    path.write_text(CONFIG.replace("method: {name: vicreg, expander: [32, 32]}",
-                                   "method: {name: nnclr, projector: [16, 16, 8], predictor: [16, 8], queue_size: 2048}"))
+    path.write_text(tiny_yaml(RUN, method={"name": "nnclr", "projector": [16, 16, 8], "predictor": [16, 8],
+                                           "queue_size": 2048}))
     assert main(["pretrain", str(path), f"trainer.out={tmp_path / 'run'}"]) == 2
     assert "method.queue_size: 2048 >= the 1500 training images" in error_line(capsys)
     assert not (tmp_path / "run").exists()
     stages = tmp_path / "stages.yaml"  # a stage's own method is checked too, on that stage's data fraction
-    stages.write_text(CONFIG.replace("method: {name: vicreg, expander: [32, 32]}",
-                                     "method: {name: nnclr, projector: [16, 16, 8], predictor: [16, 8], queue_size: 512}")
-                      + "stages: [{name: a}, {name: b, data: {fraction: 0.25}}]\n")
+    stages.write_text(tiny_yaml(RUN, method={"name": "nnclr", "projector": [16, 16, 8], "predictor": [16, 8],
+                                             "queue_size": 512},
+                                stages=[{"name": "a"}, {"name": "b", "data": {"fraction": 0.25}}]))
     assert main(["pretrain", str(stages), f"trainer.out={tmp_path / 'run2'}"]) == 2
     assert "method.queue_size: 512 >= the 375 training images" in error_line(capsys)
-    from selfsup.config import ConfigError, load_config
+    from selfsup.config import ConfigError
+    from selfsup.load import load_config
     from selfsup.launch import pretrain
 
     with pytest.raises(ConfigError, match="method.queue_size: 2048 >= the 1500 training images"):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from selfsup.config import Config, ConfigError, load_config, parse_overrides
+from selfsup.config import Config, ConfigError, parse_overrides
+from selfsup.load import load_config
 from selfsup.methods import METHODS, method_config
 from selfsup.methods.byol import BYOLConfig
 from selfsup.methods.vicreg import VICReg, VICRegConfig
@@ -196,7 +197,7 @@ def test_unknown_method_lists_allowed_methods() -> None:
 
 
 def test_exponent_floats_without_a_dot_are_floats():
-    from selfsup.config import load_config
+    from selfsup.load import load_config
 
     assert load_config(None, ["optim.weight_decay=1e-4"]).optim.weight_decay == 1e-4
 
@@ -226,7 +227,7 @@ def test_another_backbone_drops_the_old_backbones_params():
 def test_every_shipped_config_loads_and_validates():
     from pathlib import Path
 
-    from selfsup.config import load_config
+    from selfsup.load import load_config
     from selfsup.launch import validate
 
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*/*.yaml"))
@@ -240,7 +241,8 @@ def test_laptop_presets_are_sized_to_their_runs():
     the run, no more prototypes than the batch with Sinkhorn; and an EMA horizon, where given, spans steps."""
     from pathlib import Path
 
-    from selfsup.config import load_config, stage_configs
+    from selfsup.config import stage_configs
+    from selfsup.load import load_config
     from selfsup.launch import run_warnings
     from selfsup.train.schedules import run_steps, warmup_steps
 

@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from selfsup.data.masking import keep_to_mask, random_keep_indices
+from selfsup.data.masking import block_masks, keep_to_mask, random_keep_indices
 from selfsup.losses.multiview import barlow_twins_multiview_loss, vicreg_multiview_loss
 from selfsup.losses.vicreg import variance_term
+from selfsup.methods.dino import DINO, DINOConfig
 from selfsup.methods.extrema import ExtreMA, ExtreMAConfig
+from selfsup.methods.ibot import IBOT, IBOTConfig
 from selfsup.methods.mocov3 import MoCoV3, MoCoV3Config
 from selfsup.methods.mae import MAE, MAEConfig
 from selfsup.methods.msn import MSN, MSNConfig
@@ -419,6 +421,137 @@ def test_golden_script_loads_without_the_authors_code(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
     assert exit_info.value.code == 0
-    assert set(module.METHODS) == {"msn", "extrema", "mae", "nnclr", "multiview", "mocov3"}
+    assert set(module.METHODS) == {"msn", "extrema", "mae", "nnclr", "multiview", "mocov3", "dino", "ibot"}
     assert {p.stem for p in GOLDEN.glob("*.npz")} == set(module.METHODS)
     assert all(p.stat().st_size < 800_000 for p in GOLDEN.glob("*.npz"))
+
+
+# ------------------------------------------------------------------------------------------------ DINO / iBOT
+DINO_TEACHER = {"encoder": "teacher.module.0.", "head": "teacher.module.1."}
+
+
+def load_student_teacher(model: torch.nn.Module, student: dict[str, torch.Tensor],
+                         teacher: dict[str, torch.Tensor]) -> None:
+    """``student`` under our names, ``teacher`` under the student's names (-> ``teacher.module.0/1``)."""
+    values = dict(student)
+    values.update({DINO_TEACHER[k.split(".", 1)[0]] + k.split(".", 1)[1]: v for k, v in teacher.items()})
+    params = dict(model.named_parameters())
+    assert set(params) == set(values), set(params) ^ set(values)
+    with torch.no_grad():
+        for name, p in params.items():
+            assert p.shape == values[name].shape, name
+            p.copy_(values[name])
+
+
+def assert_dino_teacher(model: torch.nn.Module, teacher_after: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    assert len(teacher_after) >= 4
+    for name, expected in teacher_after.items():
+        part, rest = name.split(".", 1)
+        torch.testing.assert_close(params[DINO_TEACHER[part] + rest], expected, atol=EMA_ATOL, rtol=0,
+                                   msg=lambda m: f"teacher {name}: {m}")
+
+
+def dino_vit(cfg: dict) -> VisionTransformer:
+    return VisionTransformer(img_size=cfg["img_size"], patch_size=cfg["patch_size"], in_channels=3,
+                             embed_dim=cfg["embed_dim"], depth=cfg["depth"], num_heads=cfg["num_heads"],
+                             pos_embed="learned", layer_norm_eps=cfg["layer_norm_eps"])
+
+
+def dino_step(**overrides: object) -> tuple[DINO, torch.Tensor, dict, dict[str, torch.Tensor]]:
+    """Their teacher temperature at their epoch 1 is our constant temperature (no warm-up), no frozen last layer."""
+    meta, arrays = load("dino")
+    cfg = meta["config"]
+    dcfg = DINOConfig(out_dim=cfg["out_dim"], head_hidden=cfg["head_hidden"], bottleneck=cfg["bottleneck"],
+                      head_layers=cfg["head_layers"], student_temperature=cfg["student_temperature"],
+                      teacher_temperature=cfg["teacher_temperature_now"], teacher_temperature_warmup=0.0,
+                      center_momentum=cfg["center_momentum"], freeze_last_layer=0.0, momentum=cfg["momentum"])
+    model = DINO(dino_vit(cfg), dataclasses.replace(dcfg, **overrides), total_steps=100).to(DTYPE).train()
+    load_student_teacher(model, group(arrays, "student"), group(arrays, "teacher"))
+    model.centre.center.copy_(arrays["input/center"])
+    inputs = group(arrays, "input")
+    out = model([inputs[f"view{i}"] for i in range(2 + cfg["local_views"])])
+    out.loss.backward()
+    return model, out.loss.detach(), meta, arrays
+
+
+def test_dino_matches_authors() -> None:
+    """DINO (ViT, DINO head with the weight-normalised last layer, 2 global + 2 local crops, centring, sharpening,
+    the centre update, the EMA) vs facebookresearch/dino: loss, every gradient, the centre, the teacher."""
+    model, loss, _, arrays = dino_step()
+    assert loss.item() == pytest.approx(arrays["dino/loss"].item(), rel=LOSS_RTOL)
+    grads = group(arrays, "dino/grad")
+    assert len(grads) >= 20
+    assert_grads(model, grads)
+    torch.testing.assert_close(model.centre.center, arrays["dino/center_after"], atol=1e-12, rtol=0)
+    model.after_step(0)
+    assert_dino_teacher(model, group(arrays, "teacher_after"))
+
+
+@pytest.mark.parametrize("override", [{"student_temperature": 0.11}, {"center_momentum": 0.8}])
+def test_dino_golden_detects_a_wrong_constant(override: dict) -> None:
+    model, loss, _, arrays = dino_step(**override)
+    moved = abs(loss.item() / arrays["dino/loss"].item() - 1) > 100 * LOSS_RTOL
+    moved |= not torch.allclose(model.centre.center, arrays["dino/center_after"], atol=1e-9, rtol=0)
+    assert moved
+
+
+def test_ibot_block_masks_match_authors() -> None:
+    """Their loader's block masks (Python's random, seeded) == selfsup's block_masks with a Random of the same seed."""
+    import random
+
+    meta, arrays = load("ibot")
+    cfg = meta["config"]
+    grid = cfg["img_size"] // cfg["patch_size"]
+    masks = block_masks(cfg["batch"], 2, (grid, grid), cfg["mask_ratio"], cfg["mask_ratio_var"],
+                        tuple(cfg["mask_aspect"]), rng=random.Random(cfg["mask_seed"]))
+    for v in range(2):
+        assert torch.equal(masks[v], arrays[f"input/mask{v}"].reshape(cfg["batch"], -1))
+    assert 0 < sum(m.sum() for m in masks) < masks[0].numel()
+
+
+def ibot_step(case: str, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> tuple[IBOT, torch.Tensor, dict]:
+    meta, arrays = load("ibot")
+    cfg, spec = meta["config"], meta["cases"][case]
+    icfg = IBOTConfig(out_dim=cfg["out_dim"], patch_out_dim=cfg["patch_out_dim"], shared_head=spec["shared_head"],
+                      head_hidden=cfg["head_hidden"], bottleneck=cfg["bottleneck"], head_layers=cfg["head_layers"],
+                      student_temperature=cfg["student_temperature"],
+                      teacher_temperature=cfg["teacher_temperature_now"],
+                      teacher_patch_temperature=cfg["teacher_patch_temperature_now"], teacher_temperature_warmup=0.0,
+                      center_momentum=cfg["center_momentum"], patch_center_momentum=cfg["center_momentum2"],
+                      cls_weight=cfg["cls_weight"], patch_weight=cfg["patch_weight"], freeze_last_layer=0.0,
+                      momentum=cfg["momentum"])
+    model = IBOT(dino_vit(cfg), dataclasses.replace(icfg, **overrides), total_steps=100).to(DTYPE).train()
+    # one copy of the weights: the separate head's; the shared head has no patch_last_layer of its own
+    keep = lambda weights: {k: v for k, v in weights.items() if spec["shared_head"] is False or "patch_last" not in k}
+    load_student_teacher(model, keep(group(arrays, "student")), keep(group(arrays, "teacher")))
+    inputs = group(arrays, "input")
+    model.centre.center.copy_(inputs["center"])
+    model.patch_centre.center.copy_(arrays[f"{case}/input/center2"])
+    masks = [inputs[f"mask{v}"].reshape(cfg["batch"], -1) for v in range(2)]
+    monkeypatch.setattr("selfsup.methods.ibot.block_masks", lambda *a, **k: masks)
+    out = model([inputs[f"view{i}"] for i in range(2 + cfg["local_views"])])
+    out.loss.backward()
+    return model, out.loss.detach(), arrays
+
+
+@pytest.mark.parametrize("case", ["shared", "separate"])
+def test_ibot_matches_authors(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """iBOT (mask token in place of masked patches, [CLS] + masked-patch distillation, shared or separate last
+    layer, two centres and teacher temperatures, the EMA) vs bytedance/ibot: loss, gradients, centres, teacher."""
+    model, loss, arrays = ibot_step(case, monkeypatch)
+    assert loss.item() == pytest.approx(arrays[f"{case}/loss"].item(), rel=LOSS_RTOL)
+    grads = group(arrays, f"{case}/grad")
+    assert len(grads) >= 8
+    assert "mask_token" in grads
+    assert_grads(model, grads)
+    torch.testing.assert_close(model.centre.center, arrays[f"{case}/center_after"], atol=1e-12, rtol=0)
+    torch.testing.assert_close(model.patch_centre.center, arrays[f"{case}/center2_after"], atol=1e-12, rtol=0)
+    model.after_step(0)
+    assert_dino_teacher(model, group(arrays, f"teacher_after/{case}"))
+
+
+@pytest.mark.parametrize("override", [{"teacher_patch_temperature": 0.088}, {"patch_weight": 0.55}])
+def test_ibot_golden_detects_a_wrong_constant(override: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, loss, arrays = ibot_step("shared", monkeypatch, **override)
+    assert abs(loss.item() / arrays["shared/loss"].item() - 1) > 100 * LOSS_RTOL

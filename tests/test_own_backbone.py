@@ -15,7 +15,7 @@ import selfsup
 from selfsup.cli import main
 from selfsup.config import ConfigError
 from selfsup.models import BACKBONES, TimmBackbone, build_backbone, check_backbone_params, register_backbone
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import VICREG_8PX, tiny, tiny_yaml
 
 
 class SmallCNN(nn.Module):
@@ -44,11 +44,9 @@ def test_your_module_pretrains_evaluates_and_embeds(tmp_path) -> None:
     torch.manual_seed(0)
     module = SmallCNN()
     initial = {k: v.clone() for k, v in module.state_dict().items()}
-    config = {"method": {"name": "vicreg", "expander": [32, 32]}, "data": {"dataset": "digits", "image_size": 8},
-              "views": [{"preset": "minimal", "num": 2, "params": {"crop_scale": [0.5, 1.0]}}],
-              "model": {"backbone": "resnet18", "params": {"small_stem": True}},  # replaced by the module
-              "trainer": {"max_steps": 20, "batch_size": 64, "progress": False, "out": str(tmp_path / "run")},
-              "monitor": {"knn_every_steps": 0}}
+    config = tiny(data={"image_size": 8}, trainer={"max_steps": 20, "out": str(tmp_path / "run")},
+                  model={"backbone": "resnet18", "params": {"small_stem": True}},  # replaced by the module
+                  monitor={"knn_every_steps": 0})
     run = selfsup.pretrain(config, backbone=module)
     assert all(torch.equal(v, module.state_dict()[k]) for k, v in initial.items())  # the run trained a copy
     model, preprocess = selfsup.load_backbone(run)
@@ -82,9 +80,7 @@ def test_a_registered_factory_takes_model_params(tmp_path) -> None:
     check_backbone_params("mine", {"width": 12})
     with pytest.raises(ConfigError, match="unexpected keyword argument 'depth'"):
         check_backbone_params("mine", {"depth": 3})
-    (tmp_path / "run.yaml").write_text(TINY_VICREG_8PX.replace(
-        "  backbone: resnet\n  params: {block: basic, layers: [1], width: 8, small_stem: true}",
-        "  backbone: mine\n  params: {width: 12}"))
+    (tmp_path / "run.yaml").write_text(tiny_yaml(VICREG_8PX, model={"backbone": "mine", "params": {"width": 12}}))
     assert main(["pretrain", str(tmp_path / "run.yaml"), f"trainer.out={tmp_path / 'run'}", "trainer.max_steps=2"]) == 0
     model, _ = selfsup.load_backbone(tmp_path / "run")
     assert model.num_features == 12 and model[0].in_channels == 1  # the data's channels, given by the engine
@@ -92,7 +88,7 @@ def test_a_registered_factory_takes_model_params(tmp_path) -> None:
 
 def test_timm_backbone_without_timm_is_one_line_exit_2(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # as where timm is not installed
-    (tmp_path / "run.yaml").write_text(TINY_VICREG_8PX)
+    (tmp_path / "run.yaml").write_text(tiny_yaml(VICREG_8PX))
     code = main(["pretrain", str(tmp_path / "run.yaml"), f"trainer.out={tmp_path / 'run'}",
                  "model.backbone=timm:resnet50", "model.params={}"])
     err = capsys.readouterr().err

@@ -15,20 +15,10 @@ from PIL import Image
 
 from selfsup.cli import main
 from selfsup.report import SECTIONS, build_report
+from tiny import ADAMW, QUICK_EVAL, tiny_yaml
 
-TINY = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: digits}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002}
-trainer: {max_steps: 10, batch_size: 64, log_every_steps: 5, progress: false}
-monitor: {knn_every_steps: 5}
-eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}
-"""
+TINY = tiny_yaml(optim=ADAMW, trainer={"max_steps": 10, "log_every_steps": 5}, monitor={"knn_every_steps": 5},
+                 eval=QUICK_EVAL)
 
 STAGED = """
 method: {name: mae, decoder_dim: 16, decoder_depth: 1, decoder_heads: 2, mask_ratio: 0.5}
@@ -49,17 +39,9 @@ stages:
 """
 
 
-UNLABELLED = """
-method: {name: vicreg, expander: [16, 16]}
-data: {dataset: imagefolder, image_size: 16, num_workers: 0}
-views:
-  - {preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002}
-trainer: {max_steps: 3, batch_size: 16, log_every_steps: 1, progress: false}
-"""
+UNLABELLED = tiny_yaml(method={"name": "vicreg", "expander": [16, 16]},
+                       data={"dataset": "imagefolder", "image_size": 16, "num_workers": 0}, optim=ADAMW,
+                       trainer={"max_steps": 3, "batch_size": 16, "log_every_steps": 1})
 
 
 class Page(HTMLParser):

@@ -17,10 +17,9 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from selfsup.cli import main
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import VICREG_8PX, tiny_yaml
 
-CONFIG = TINY_VICREG_8PX.replace("data: {dataset: digits, image_size: 8}",
-                                 "data: {dataset: shards, image_size: 8, channels: 1, stream: false}")
+CONFIG = tiny_yaml(VICREG_8PX, data={"dataset": "shards", "channels": 1, "stream": False})
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from selfsup.cli import main
-from selfsup.config import ConfigError, load_config, stage_configs
+from selfsup.config import ConfigError, stage_configs
+from selfsup.load import load_config
 from test_reliability import SIGNAL_IN_OPTIMIZER_STEP, cli, finish
 
 VIEWS2 = "[{preset: minimal, num: 2, params: {crop_scale: [0.5, 1.0]}}]"

@@ -7,13 +7,13 @@ import shlex
 from pathlib import Path
 
 from selfsup.cli import main
-from selfsup.config import load_config
+from selfsup.load import load_config
 from selfsup.launch import validate
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import VICREG_8PX, tiny_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-CONFIG = TINY_VICREG_8PX
+CONFIG = tiny_yaml(VICREG_8PX)
 
 
 def error_line(capsys) -> str:

@@ -23,24 +23,21 @@ import selfsup.eval.run
 import selfsup.launch
 from selfsup.cli import main
 from selfsup.config import (Config, DataConfig, EvalConfig, ModelConfig, MonitorConfig, NonEmpty, OptimConfig, Range,
-                            TrainerConfig, ViewConfig, load_config, parse_overrides)
+                            TrainerConfig, ViewConfig, parse_overrides)
 from selfsup.data.augment import AugmentConfig
+from selfsup.load import load_config
 from selfsup.methods import METHODS
 from selfsup.models import ResNet, VisionTransformer
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import QUICK_EVAL, VICREG_8PX, tiny_yaml
 
-CONFIG = TINY_VICREG_8PX + "eval: {linear_epochs: 2, lowshot_shots: [1], lowshot_splits: 1, cluster_n_init: 1}\n"
+CONFIG = tiny_yaml(VICREG_8PX, eval=QUICK_EVAL)
 
 SECTIONS = {"data": DataConfig, "views.0": ViewConfig, "model": ModelConfig, "optim": OptimConfig,
             "trainer": TrainerConfig, "monitor": MonitorConfig, "eval": EvalConfig}
 # A ViT run beside the ResNet one, for the ViT's constructor arguments (model.params.vit:<arg>).
-TINY_VIT = """
-method: {name: vicreg, expander: [32, 32]}
-data: {dataset: digits, image_size: 8}
-views: [{preset: minimal, num: 2}]
-model: {backbone: vit, params: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}}
-trainer: {max_steps: 0, batch_size: 32, progress: false}
-"""
+VIT = {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}
+TINY_VIT = tiny_yaml(data={"image_size": 8}, views=[{"preset": "minimal", "num": 2}],
+                     model={"backbone": "vit", "params": VIT}, trainer={"max_steps": 0, "batch_size": 32})
 # Every key of every section, every method's section included (method.name=<m> picks the method), and the free-form
 # ones: each augmentation parameter (views.0.params.*) and each constructor argument of both backbones (model.params.*).
 KEYS = ([f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]

@@ -134,6 +134,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # MSN focal views: the same pipeline on small crops of scale (0.05, 0.3).
     "msn_focal": dict(crop_scale=(0.05, 0.3), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4,
                       saturation=0.4, hue=0.1, grayscale_p=0.2, blur_p=0.5, blur_sigma=(0.1, 2.0), solarize_p=0.0),
+    # DINO (main_dino.DataAugmentationDINO; iBOT's is the same): BYOL's colour ops on global crops of scale (0.4, 1),
+    # blur 1.0 on the first, blur 0.1 + solarize 0.2 on the second; local crops of scale (0.05, 0.4), blur 0.5.
+    "dino_global1": dict(_BYOL, crop_scale=(0.4, 1.0), blur_p=1.0, solarize_p=0.0),
+    "dino_global2": dict(_BYOL, crop_scale=(0.4, 1.0), blur_p=0.1, solarize_p=0.2),
+    "dino_local": dict(_BYOL, crop_scale=(0.05, 0.4), blur_p=0.5, solarize_p=0.0),
     # ExtreMA code (lib/augment.py): crop (0.2, 1) + flip, jitter (0.4, 0.4, 0.2, 0.1) p 0.8, gray 0.2, no blur or
     # solarize (§5.1); with the view option shared_crop the crop is shared and the colour differs per branch.
     "extrema": dict(crop_scale=(0.2, 1.0), hflip_p=0.5, jitter_p=0.8, brightness=0.4, contrast=0.4, saturation=0.2,

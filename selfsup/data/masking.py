@@ -12,11 +12,13 @@ masks on every device.
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["num_keep", "random_keep_indices", "multi_mask_keep_indices", "keep_to_mask", "unshuffle"]
+__all__ = ["block_masks", "num_keep", "random_keep_indices", "multi_mask_keep_indices", "keep_to_mask", "unshuffle"]
 
 
 def num_keep(num_patches: int, mask_ratio: float) -> int:
@@ -115,3 +117,66 @@ def unshuffle(kept: Tensor, keep: Tensor, num_patches: int, fill: Tensor) -> Ten
         raise ValueError(f"keep must be (B, K) = {(b, k)} for tokens {tuple(kept.shape)}, got {tuple(keep.shape)}")
     full = fill.to(kept.dtype).expand(b, num_patches, d).clone()
     return full.scatter(1, keep.to(kept.device).unsqueeze(-1).expand(b, k, d), kept)
+
+
+def _block_mask(grid_h: int, grid_w: int, num_masked: float, log_aspect: tuple[float, float],
+                rng: random.Random) -> list[list[bool]]:
+    """BEiT's blockwise masking (Bao et al. 2022, Alg. 1), as iBOT's ``ImageFolderMask`` draws it: add rectangles of
+    area ``U(min(H, W) // 3) ** 2, remaining)`` and aspect ``exp(U(log_aspect))`` at random positions until
+    ``num_masked`` patches are masked or 10 tries in a row add nothing."""
+    mask = [[False] * grid_w for _ in range(grid_h)]
+    count = 0
+    while count < num_masked:
+        remaining = num_masked - count
+        added = 0
+        for _ in range(10):
+            area = rng.uniform((min(grid_h, grid_w) // 3) ** 2, remaining)
+            aspect = math.exp(rng.uniform(*log_aspect))
+            h, w = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+            if w < grid_w and h < grid_h:
+                top, left = rng.randint(0, grid_h - h), rng.randint(0, grid_w - w)
+                new = sum(not mask[i][j] for i in range(top, top + h) for j in range(left, left + w))
+                if 0 < new <= remaining:
+                    for i in range(top, top + h):
+                        for j in range(left, left + w):
+                            mask[i][j] = True
+                    added = new
+            if added > 0:
+                break
+        if added == 0:
+            break
+        count += added
+    return mask
+
+
+def block_masks(batch: int, num_views: int, grid: tuple[int, int], ratios: Sequence[float] = (0.0, 0.3),
+                ratio_vars: Sequence[float] = (0.0, 0.2), aspect: tuple[float, float] = (0.3, 1 / 0.3),
+                rng: random.Random | None = None) -> list[Tensor]:
+    """iBOT's masks of the student's global views (Zhou et al. 2022, Sec. 3.3 and App.): blockwise (BEiT), with
+    a prediction ratio drawn per view of each image: one of ``ratios`` chosen uniformly, each spread uniformly by
+    +- its ``ratio_vars`` (their ViT-S/B setting ``[0, 0.3] +- [0, 0.2]``: half the views unmasked, the rest
+    0.1-0.5 of the patches).
+
+    Returns ``num_views`` boolean masks ``(B, H * W)``, True = masked (replaced by the mask token). Draws come from
+    ``rng`` (Python's ``random``, image by image, view by view: the order and calls of iBOT's loader, so a seed gives
+    their masks; tests/test_golden.py), a CPU loop that costs microseconds per mask at these grids.
+    """
+    _check_batch(batch)
+    if len(ratios) != len(ratio_vars) or not ratios:
+        raise ValueError(f"give one ratio_var per ratio, got {list(ratios)} and {list(ratio_vars)}")
+    if any(not 0 <= v <= r or r + v >= 1 for r, v in zip(ratios, ratio_vars)):
+        raise ValueError(f"each mask ratio r needs 0 <= var <= r and r + var < 1, got {list(ratios)} +- "
+                         f"{list(ratio_vars)}")
+    rng = rng if rng is not None else random.Random(int(torch.randint(2**31 - 1, ())))
+    grid_h, grid_w = grid
+    log_aspect = (math.log(aspect[0]), math.log(aspect[1]))
+    per_image = []
+    for _ in range(batch):
+        views = []
+        for _ in range(num_views):
+            drawn = [rng.uniform(r - v, r + v) if v > 0 else r for r, v in zip(ratios, ratio_vars)]
+            ratio = rng.choice(drawn) if len(drawn) > 1 else drawn[0]
+            views.append(_block_mask(grid_h, grid_w, ratio * grid_h * grid_w, log_aspect, rng))
+        per_image.append(views)
+    return [torch.tensor([image[v] for image in per_image], dtype=torch.bool).reshape(batch, grid_h * grid_w)
+            for v in range(num_views)]

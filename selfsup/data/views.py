@@ -17,13 +17,15 @@ crops (:class:`CropSpec`: ``num`` per image, or one shared) from the full-resolu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from selfsup.data.augment import Augment, AugmentConfig
 
-__all__ = ["CropSpec", "ViewGroup", "make_views"]
+__all__ = ["CropSpec", "ViewGroup", "make_views", "run_by_size"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,15 @@ def make_views(images: Tensor, groups: list[ViewGroup]) -> list[Tensor]:
     if not groups:
         raise ValueError("make_views needs at least one ViewGroup (the config's `views` list is empty)")
     return [view for group in groups for view in group(images)]
+
+
+def run_by_size(fn: Callable[[Tensor], Tensor], views: list[Tensor]) -> list[Tensor]:
+    """``fn`` once per run of consecutive views of one size, on their concatenation: a multi-crop step's batching
+    (DINO's ``MultiCropWrapper``: the global crops in one call, the local ones in another; a BatchNorm then sees
+    one resolution per call). Returns one output per run, in view order (``torch.cat`` gives the views' order)."""
+    outputs, start = [], 0
+    for end in range(1, len(views) + 1):
+        if end == len(views) or views[end].shape[1:] != views[start].shape[1:]:
+            outputs.append(fn(torch.cat(views[start:end])))
+            start = end
+    return outputs

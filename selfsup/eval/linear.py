@@ -84,13 +84,15 @@ def _train_heads(
     label_smoothing: float,
     seed: int,
     progress: str | None = None,
+    min_steps: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Train G softmax-regression heads at once; returns weights ``(D, G*C)`` and biases ``(G*C,)``.
 
     Head g (columns g*C .. g*C+C-1) minimises mean CE(label_smoothing) + weight_decays[g] / 2 *
-    ||W_g||^2 with Adam at lr_t = lrs[g] * (1 + cos(pi * t / T)) / 2 for step t = 0..T-1. The
-    CE gradient is the closed form (softmax - smoothed one-hot) / B, so no autograd graph is
-    built, and all heads share one matrix product per step. ``progress``: a bar's label, or None.
+    ||W_g||^2 with Adam at lr_t = lrs[g] * (1 + cos(pi * t / T)) / 2 for step t = 0..T-1, where T is
+    ``epochs`` passes over the data or ``min_steps`` steps, whichever is more (the last pass may be
+    cut short). The CE gradient is the closed form (softmax - smoothed one-hot) / B, so no autograd
+    graph is built, and all heads share one matrix product per step. ``progress``: a bar's label, or None.
     """
     num_heads, num = lrs.shape[0], feats.shape[0]
     device = feats.device
@@ -105,12 +107,16 @@ def _train_heads(
     smooth_off = label_smoothing / num_classes
     hit = torch.full((1, num_heads, 1), label_smoothing - 1.0, device=device)
     generator = torch.Generator().manual_seed(seed)
-    total = epochs * math.ceil(num / batch_size)
+    per_epoch = math.ceil(num / batch_size)
+    total = max(epochs * per_epoch, min_steps)
     step = 0
-    for _ in track(range(epochs), progress or "", unit="epochs", enabled=progress is not None, leave=False):
+    for _ in track(range(math.ceil(total / per_epoch)), progress or "", unit="epochs", enabled=progress is not None,
+                   leave=False):
         order = torch.randperm(num, generator=generator).to(device)
         epoch_labels = labels[order]
         for start in range(0, num, batch_size):
+            if step == total:
+                break
             x = feats.index_select(0, order[start : start + batch_size])
             y = epoch_labels[start : start + batch_size, None, None].expand(-1, num_heads, 1)
             probs = torch.addmm(bias, x, weight).view(-1, num_heads, num_classes).softmax(dim=2)
@@ -155,6 +161,7 @@ def linear_probe(
     lrs: Sequence[float] = (1e-3, 3e-3, 1e-2),
     weight_decays: Sequence[float] = (0.0, 1e-4),
     epochs: int = 20,
+    min_steps: int = 5000,
     batch_size: int = 256,
     val_fraction: float = 0.1,
     label_smoothing: float = 0.0,
@@ -166,8 +173,13 @@ def linear_probe(
 ) -> dict[str, float]:
     """Linear-probe accuracy (percent) with hyperparameters chosen on held-out training data.
 
-    Returns ``{"top1", "top5", "val_top1", "best_lr", "best_wd"}``: test accuracies of the head
-    retrained on all training data, and the validation top-1 of the chosen pair in the search.
+    Returns ``{"top1", "top5", "val_top1", "best_lr", "best_wd", "train_objective"}``: test accuracies of
+    the head retrained on all training data, the validation top-1 of the chosen pair in the search,
+    and the retrained head's objective on the training data (mean cross-entropy + wd / 2 ||W||^2,
+    label smoothing included). Every head trains for ``epochs`` passes or ``min_steps`` Adam steps,
+    whichever is more: a few hundred labels make a few steps per pass, and 20-30 passes then stop
+    far short of the optimum (on 1,500 digits, 180 steps left the objective 0.1 above it and the
+    accuracy 2.7 points below; 5,000 steps reach it within 1e-3).
     ``normalize``: "standardize" (per-dimension, statistics of the data being fitted), "l2"
     (per-sample unit norm; MSN's probe L2-normalises after a LayerNorm), or "none". ``device=None`` keeps the features'
     device. Deterministic for a fixed ``seed`` on a given device. ``progress`` shows a bar per training pass.
@@ -186,6 +198,8 @@ def linear_probe(
         raise ValueError(f"normalize must be one of {_NORMALIZATIONS}, got {normalize!r}.")
     if not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive integer, got {epochs!r}.")
+    if not isinstance(min_steps, int) or min_steps < 0:
+        raise ValueError(f"min_steps must be a non-negative integer, got {min_steps!r}.")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if not 0.0 <= label_smoothing < 1.0:
@@ -206,7 +220,7 @@ def linear_probe(
     fit_x, val_x = norm(fit_x), norm(train[val_idx])
     weight, bias = _train_heads(
         fit_x, train_y[fit_idx], pair_lrs, pair_wds, num_classes, epochs, batch_size, label_smoothing, seed,
-        progress=f"linear probe: {len(pairs)} (lr, wd) pairs" if progress else None,
+        progress=f"linear probe: {len(pairs)} (lr, wd) pairs" if progress else None, min_steps=min_steps,
     )
     val_logits = _head_logits(val_x, weight, bias, num_classes)
     val_y = train_y[val_idx]
@@ -228,8 +242,13 @@ def linear_probe(
         label_smoothing,
         seed,
         progress="linear probe: final head" if progress else None,
+        min_steps=min_steps,
     )
+    train_logits = _head_logits(norm(train), weight, bias, num_classes)[0]
+    objective = (torch.nn.functional.cross_entropy(train_logits, train_y, label_smoothing=label_smoothing)
+                 + best_wd / 2 * weight.square().sum())
     test_logits = _head_logits(norm(test.to(target)), weight, bias, num_classes)[0]
     result = topk_accuracy(test_logits, test_y, ks=(1, 5))
-    result.update(val_top1=100.0 * float(val_top1[best]), best_lr=best_lr, best_wd=best_wd)
+    result.update(val_top1=100.0 * float(val_top1[best]), best_lr=best_lr, best_wd=best_wd,
+                  train_objective=float(objective))
     return result

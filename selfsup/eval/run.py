@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from selfsup.checkpoint import CheckpointError, load_backbone, read_backbone_meta
-from selfsup.config import (Config, ConfigError, DataConfig, check_method_sections, deep_merge, from_dict, load_yaml,
-                            parse_overrides)
+from selfsup.config import Config, ConfigError, DataConfig, deep_merge, from_dict, load_yaml, parse_overrides
 from selfsup.data.augment import Augment, augment_config
 from selfsup.data.datasets import EvalSplit, resolve_eval_split
 from selfsup.data.imagedata import ImageData
@@ -28,6 +27,7 @@ from selfsup.eval.features import extract_view_averaged_features
 from selfsup.eval.knn import LIGHTLY_K, LIGHTLY_TEMPERATURE, knn_classify_many
 from selfsup.eval.linear import linear_probe, stratified_holdout
 from selfsup.eval.lowshot import lowshot_logistic
+from selfsup.methods import check_method_sections
 
 log = logging.getLogger("selfsup")
 
@@ -247,7 +247,7 @@ def evaluate(kind: str, feats: Features, cfg: Config, progress: bool = False) ->
         return out
     if kind == "linear":
         r = linear_probe(feats.train, feats.train_labels, feats.test, feats.test_labels, lrs=e.linear_lrs,
-                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs,
+                         weight_decays=e.linear_weight_decays, epochs=e.linear_epochs, min_steps=e.linear_min_steps,
                          label_smoothing=e.linear_label_smoothing, seed=e.seed, device=device_for(), progress=progress)
         return {"linear_top1": r["top1"], "linear_top5": r["top5"], "linear_val_top1": r["val_top1"],
                 "linear_lr": r["best_lr"], "linear_wd": r["best_wd"]}

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from selfsup.config import Config, ConfigError
-from selfsup.methods import build_method
+from selfsup.methods import method_of
 from selfsup.models import BACKBONES, build_backbone, resolve_auto
 from selfsup.models.weights import init_weights
 from selfsup.train.optim import online_encoder
@@ -43,7 +43,8 @@ def build_model(cfg: Config, channels: int, image_size: int, total_steps: int) -
     params = backbone_params(cfg, channels, image_size)
     try:
         backbone = build_backbone(cfg.model.backbone, **params)
-        method = build_method(cfg.method, backbone, total_steps)
+        cls, method_cfg = method_of(cfg)  # parsed once, when the config was loaded
+        method = cls(backbone, method_cfg, total_steps)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"cannot build {cfg.method['name']} on {cfg.model.backbone} {params}: {err}") from err
     if cfg.model.init_weights:

@@ -16,12 +16,12 @@ from torch import nn
 
 from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import barlow_twins_multiview_loss
-from selfsup.methods.base import MethodBase, StepOutput
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput
 from selfsup.methods.small_projectors import barlow_twins_beta, build_projector, output_width
 
 
 @dataclass
-class BarlowTwinsConfig:
+class BarlowTwinsConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
     projector: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])

@@ -37,14 +37,11 @@ class StepOutput:
 class MethodBase(nn.Module):
     """What the training engine requires of a method, and the hooks it calls on every method (no-ops here).
 
-    A method defines ``Config`` (its hyper-parameters: a dataclass, filled from ``method:`` in the YAML, with
-    ``VIEWS = (least, most or None)``, the views per image its step takes, checked when the config is loaded),
-    ``__init__(backbone, cfg, total_steps)`` (the heads around ``backbone``; ``total_steps`` sizes the method's own
-    schedules, e.g. EMA momentum) and ``forward(views) -> StepOutput`` (one training step on the step's views,
-    normalised and on the device). The config may define ``warnings(global_batch) -> list[str]`` (settings that run
-    but are probably wrong for this batch; logged when training starts), ``check_batch(global_batch)`` (raise a
-    ConfigError for settings that cannot run with this batch) and ``check_dataset(num_images, global_batch)`` (the
-    same once the training split's size is known: NNCLR's queue must stay below the number of images).
+    A method defines ``Config`` (its hyper-parameters: a :class:`MethodConfig` dataclass, filled from ``method:`` in
+    the YAML, with ``VIEWS = (least, most or None)``, the views per image its step takes, checked when the config is
+    loaded), ``__init__(backbone, cfg, total_steps)`` (the heads around ``backbone``; ``total_steps`` sizes the
+    method's own schedules, e.g. EMA momentum) and ``forward(views) -> StepOutput`` (one training step on the step's
+    views, normalised and on the device).
 
     ``backbone`` is the network that is monitored and exported for evaluation: the online encoder for
     VICReg/BT/BYOL, the EMA target for MSN and ExtreMA. A method whose trained encoder is another copy names that one
@@ -52,7 +49,7 @@ class MethodBase(nn.Module):
     ``backbone``).
     """
 
-    Config: ClassVar[type]
+    Config: ClassVar[type[MethodConfig]]
     backbone: nn.Module
     # The method draws its views itself (``make_views``) instead of taking the config's view groups.
     OWN_VIEWS: ClassVar[bool] = False
@@ -81,8 +78,23 @@ class MethodBase(nn.Module):
         """Once, when a stage starts from another method's weights (EMA copies restart from the carried weights)."""
 
 
+class MethodConfig:
+    """What every method's config dataclass shares: the checks the launcher runs on it, each a no-op unless the
+    method's config overrides it."""
+
+    def warnings(self, global_batch: int) -> list[str]:
+        """Settings that run but are probably wrong for this batch (logged when training starts)."""
+        return []
+
+    def check_batch(self, global_batch: int) -> None:
+        """Raise a ConfigError for settings that cannot run with this batch (checked before any work)."""
+
+    def check_dataset(self, num_images: int, global_batch: int) -> None:
+        """The same once the training split's size is known (NNCLR's queue must stay below the number of images)."""
+
+
 @dataclass
-class EMAConfig:
+class EMAConfig(MethodConfig):
     """The momentum fields of a method with an EMA teacher (BYOL, MSN, ExtreMA); its config inherits them."""
 
     momentum: EMAMomentum = 0.996  # the starting momentum m0 (the papers' value)

@@ -16,22 +16,21 @@ The decoder is thrown away; the exported backbone is the encoder (pool: ``model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from selfsup.config import ConfigError, Range, check_fields
 from selfsup.data.masking import keep_to_mask, random_keep_indices, unshuffle
-from selfsup.losses.mae import mae_loss, patch_mean_std, patchify, unpatchify
-from selfsup.methods.base import MethodBase, StepOutput, check_values
+from selfsup.losses.mae import mae_loss, patchify
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput, check_values
 from selfsup.models.heads import xavier_linears_
 from selfsup.models.vit import Block, VisionTransformer, sincos_pos_embed_2d
 
 
 @dataclass
-class MAEConfig:
+class MAEConfig(MethodConfig):
     # one view (MAE) or more (MAE-CT's re-implementation: two), each masked independently
     VIEWS: ClassVar[tuple[int, int | None]] = (1, None)  # views per image (least, most), checked on load
     mask_ratio: Annotated[float, Range(ge=0, lt=1, example="0.75")] = 0.75  # MAE Sec. 4 / MAE-CT Sec. 4.2
@@ -118,48 +117,6 @@ class MAE(MethodBase):
             prediction, target, masked = self.reconstruct(view)
             losses.append(mae_loss(prediction, target, masked, self.cfg.norm_pix_loss))
         return StepOutput(torch.stack(losses).mean())
-
-    @torch.no_grad()
-    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
-        """``mae_reconstruction.png``: original / masked / reconstruction of a few evaluation images (MAE Fig. 2).
-
-        With normalised-pixel targets the prediction is mapped back with each patch's true mean and std, as the
-        authors' visualisation does; visible patches are pasted from the original."""
-        if samples is None or not len(samples):
-            return
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        was_training = self.training
-        self.eval()
-        x = samples.to(next(self.parameters()).device)
-        torch.manual_seed(0)
-        prediction, target, masked = self.reconstruct(x)
-        self.train(was_training)
-        if self.cfg.norm_pix_loss:
-            mean, std = patch_mean_std(target)
-            prediction = prediction * std + mean
-        hidden = masked.unsqueeze(-1)
-        p, c, grid = self.encoder.patch_size, x.shape[1], self.decoder.grid
-        low, high = float(x.amin()), float(x.amax())
-        shown = [x, unpatchify(target.masked_fill(hidden, (low + high) / 2), p, c, grid),  # masked patches grey
-                 unpatchify(torch.where(hidden, prediction, target), p, c, grid).clamp(low, high)]
-        fig, axes = plt.subplots(3, len(x), figsize=(1.3 * len(x), 4.2), squeeze=False)
-        for row, (images, title) in enumerate(zip(shown, ("original", f"masked {self.cfg.mask_ratio:.0%}",
-                                                           "reconstruction"))):
-            for col in range(len(x)):
-                image = images[col].float().cpu().permute(1, 2, 0).numpy()
-                ax = axes[row][col]
-                ax.imshow(image[..., 0] if c == 1 else (image - low) / (high - low), cmap="gray", vmin=low, vmax=high)
-                ax.set_xticks([])
-                ax.set_yticks([])
-            axes[row][0].set_ylabel(title, fontsize=8)
-        fig.tight_layout()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out_dir / "mae_reconstruction.png", dpi=110)
-        plt.close(fig)
 
 
 __all__ = ["MAE", "MAEConfig", "MAEDecoder"]

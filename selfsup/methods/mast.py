@@ -16,13 +16,9 @@ got. The config's single view spec (``num: 2``) gives the ops' probabilities and
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,16 +26,13 @@ from selfsup.config import ConfigError, NonNegative, Probability, Width, check_f
 from selfsup.data.augment import MAST15_OPS, MAST_OPS, LabelledAugment, sample_op_subsets
 from selfsup.data.views import ViewGroup
 from selfsup.losses.mast import init_masks, mast_loss
-from selfsup.methods.base import MethodBase, StepOutput, check_values
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput, check_values
 from selfsup.models.heads import GaussianHead
 from selfsup.train.schedules import augmentation_count_schedule
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
 
 @dataclass
-class MASTConfig:
+class MASTConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     # One mask per op, in this order: MAST-5 (the default) or any of MAST15_OPS (MAST-15: all of them).
     ops: list[str] = field(default_factory=lambda: list(MAST_OPS))
@@ -174,71 +167,3 @@ class MAST(MethodBase):
             if drawn > 0:
                 out[f"uncertainty_{op}"] = (trace * active[:, k]).sum() / drawn
         return out
-
-    def plot(self, out_dir: Path, rows: list[dict[str, Any]], samples: torch.Tensor | None = None) -> None:
-        """The learned K x d mask heat-map (the paper's Fig. 3a) and each augmentation's uncertainty over training."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _save(mask_figure(*mask_rows(self.masks, self.cfg.ops)), out_dir / "mast_masks.png")
-        _save(uncertainty_figure(uncertainty_series(rows, self.cfg.ops)), out_dir / "mast_uncertainty.png")
-
-
-# The pictures: what each shows is computed by a pure function (mask_rows, uncertainty_series); the figures draw it.
-# Lines marked ``# pragma: no mutate`` are cosmetic only (size, dpi, colour map, axis labels, grid, font size).
-
-
-def mask_rows(masks: torch.Tensor, ops: Sequence[str]) -> tuple[np.ndarray, list[str]]:
-    """The mask heat-map's data: the K x d matrix whose row k is op k's mask ``M[:, k]`` (``masks`` is d x K, of any
-    float dtype: bf16 under ``precision: bf16-true``, which numpy cannot hold), and the row labels, the ops in the
-    masks' order."""
-    return masks.detach().float().cpu().t().numpy(), list(ops)
-
-
-def uncertainty_series(rows: list[dict[str, Any]], ops: Sequence[str]) -> dict[str, tuple[tuple, tuple]]:
-    """Each op's logged ``uncertainty_<op>`` over training as (steps, values), skipping the rows where it is missing,
-    empty (not logged at that step, e.g. no pair drew the op) or not finite; ops with no such row are left out."""
-    series = {}
-    for op in ops:
-        key = f"uncertainty_{op}"
-        points = [(int(r["step"]), float(r[key])) for r in rows
-                  if r.get(key) not in (None, "") and math.isfinite(float(r[key]))]
-        if points:
-            series[op] = tuple(zip(*points))
-    return series
-
-
-def mask_figure(matrix: np.ndarray, labels: Sequence[str]) -> Figure:
-    """The K x d ``matrix`` as a heat-map, one row per label, with a colour bar of the mask values."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 0.4 * len(labels) + 1.2))  # pragma: no mutate
-    ax = fig.subplots()
-    image = ax.imshow(matrix)
-    image.set(cmap="viridis", interpolation="nearest")  # pragma: no mutate
-    ax.set_aspect("auto")  # pragma: no mutate
-    ax.set_yticks(range(len(labels)), labels)
-    ax.set_xlabel("embedding dimension")  # pragma: no mutate
-    bar = fig.colorbar(image)
-    bar.set_label("mask value")  # pragma: no mutate
-    fig.tight_layout()
-    return fig
-
-
-def uncertainty_figure(series: dict[str, tuple[tuple, tuple]]) -> Figure:
-    """One curve per op of ``series`` (op -> (steps, values)), labelled with the op."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.5))  # pragma: no mutate
-    ax = fig.subplots()
-    for op, (steps, values) in series.items():
-        ax.plot(steps, values, label=op)
-    ax.set_xlabel("step")  # pragma: no mutate
-    ax.set_ylabel("mean tr(Sigma) of pairs that drew the op")  # pragma: no mutate
-    if series:  # a run of 0 steps logged nothing
-        ax.legend(fontsize=8)  # pragma: no mutate
-    ax.grid(alpha=0.3)  # pragma: no mutate
-    fig.tight_layout()
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110)  # pragma: no mutate

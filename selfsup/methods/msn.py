@@ -10,7 +10,6 @@ projection head in its own call, so the head's BatchNorm statistics are per reso
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from selfsup.config import ConfigError, NonNegative, Range, Temperature, Width, Widths, check_fields
 from selfsup.data.masking import random_keep_indices
+from selfsup.data.views import run_by_size
 from selfsup.losses.msn import msn_loss
 from selfsup.methods.base import EMAConfig, MethodBase, StepOutput
 from selfsup.models.heads import Prototypes, mlp
@@ -109,8 +109,7 @@ class MSN(MethodBase):
             grid = self.encoder.grid_for(x.shape[2], x.shape[3])
             keep = random_keep_indices(len(x), grid[0] * grid[1], c.mask_ratio, shared=c.shared_mask, device=x.device)
             anchors.append(self.projector(self.encoder(x, keep)))
-        for _, group in itertools.groupby(focal, key=lambda v: tuple(v.shape[2:])):
-            anchors.append(self.projector(self.encoder(torch.cat(list(group)))))
+        anchors += run_by_size(lambda x: self.projector(self.encoder(x)), focal)  # one call per focal size
         z_anchor = torch.cat(anchors)
         with torch.no_grad():
             target_vit, target_head = self.target.module

@@ -25,14 +25,14 @@ from torch import nn
 
 from selfsup.config import Momentum, PositiveInt, Range, Temperature, Widths, check_fields
 from selfsup.losses.infonce import info_nce_loss
-from selfsup.methods.base import MethodBase, StepOutput, check_values
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput, check_values
 from selfsup.models.heads import mlp
 from selfsup.train.ema import EMATeacher
 from selfsup.train.queue import FeatureQueue, check_queue_batch, check_queue_dataset
 
 
 @dataclass
-class NNCLRConfig:
+class NNCLRConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [2048, 2048, 256])  # 3 layers, last BN without ReLU
     predictor: Widths = field(default_factory=lambda: [4096, 256])  # 2 layers, no BN after the last

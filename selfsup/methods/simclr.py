@@ -23,12 +23,12 @@ from torch import nn
 
 from selfsup.config import Temperature, Widths, check_fields
 from selfsup.losses.infonce import nt_xent_loss
-from selfsup.methods.base import MethodBase, StepOutput
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput
 from selfsup.models.heads import mlp
 
 
 @dataclass
-class SimCLRConfig:
+class SimCLRConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, 2)  # views per image (least, most), checked on load
     projector: Widths = field(default_factory=lambda: [2048, 128])  # 2 layers (Sec. 4.2), 128-d output (their code)
     temperature: Temperature = 0.5  # CIFAR-10 (App. B.9); their ImageNet runs at batch 4096 use 0.1 (Tab. 5)

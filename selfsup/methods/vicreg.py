@@ -16,12 +16,12 @@ from torch import nn
 
 from selfsup.config import NonNegative, Width, Widths, check_fields
 from selfsup.losses.multiview import vicreg_multiview_loss
-from selfsup.methods.base import MethodBase, StepOutput
+from selfsup.methods.base import MethodBase, MethodConfig, StepOutput
 from selfsup.methods.small_projectors import build_projector, output_width, vicreg_sim_weight
 
 
 @dataclass
-class VICRegConfig:
+class VICRegConfig(MethodConfig):
     VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # views per image (least, most), checked on load
     # A list: MLP widths (paper: 3 layers of 8192); an int p: Linear(bias=False)-BN-ReLU-Linear to width p (Ghosh et al.).
     expander: Widths | Width = field(default_factory=lambda: [8192, 8192, 8192])

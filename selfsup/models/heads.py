@@ -3,6 +3,8 @@
 - :func:`mlp` is the one MLP builder (VICReg/Barlow expanders, BYOL/ExtreMA projector and
   predictor, MSN and MAE-CT projection heads, the multi-view small projectors).
 - :class:`Prototypes` holds MSN's learnable prototypes (Assran et al. 2022, Sec. 3).
+- :class:`DINOHead` is DINO's and iBOT's projection head: an MLP to a bottleneck, L2-normalised, then a
+  weight-normalised linear layer (:class:`NormalizedLinear`) to K logits (Caron et al. 2021, Sec. 3.1 and App.).
 - :class:`GeM` and :class:`GaussianHead` give MAST's mean / diagonal-covariance heads
   (Huang et al. 2023, Sec. 3.2 and App. A; GeM from Radenovic et al. 2018).
 """
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["GaussianHead", "GeM", "Prototypes", "mlp"]
+__all__ = ["DINOHead", "GaussianHead", "GeM", "NormalizedLinear", "Prototypes", "mlp"]
 
 _NORMS = ("batch", "layer", "none")
 _ACTS = ("relu", "gelu")
@@ -118,6 +120,98 @@ class Prototypes(nn.Module):
                 f"expected embeddings of shape (B, {self.weight.shape[1]}), got {tuple(z.shape)}"
             )
         return F.normalize(z, dim=1) @ F.normalize(self.weight, dim=1).t()
+
+
+class _ZeroGradient(torch.autograd.Function):
+    """The identity, with a zero gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return torch.zeros_like(grad)
+
+
+class NormalizedLinear(nn.Module):
+    """Weight-normalised linear layer without bias, ``y = x (g v / ||v||)^T`` with one norm per output row (Salimans
+    & Kingma 2016; DINO's ``nn.utils.weight_norm(nn.Linear(d, K, bias=False))``).
+
+    ``learn_norm=False`` fixes ``g`` to 1 (DINO's ``norm_last_layer=True``): every output is a cosine similarity
+    and ``g`` is no parameter at all. Parameters: ``weight_v (K, d)`` (nn.Linear's init) and, when learnt,
+    ``weight_g (K, 1)`` initialised to 1, as theirs. Rescaling ``v`` changes nothing, so weight decay on ``v``
+    only shrinks its norm.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, learn_norm: bool = False) -> None:
+        super().__init__()
+        if in_dim < 1 or out_dim < 1:
+            raise ValueError(f"in_dim and out_dim must be positive, got {in_dim} and {out_dim}")
+        self.weight_v = nn.Parameter(nn.Linear(in_dim, out_dim, bias=False).weight.detach().clone())
+        self.weight_g = nn.Parameter(torch.ones(out_dim, 1)) if learn_norm else None
+
+    def weight(self, frozen: bool = False) -> Tensor:
+        """``g v / ||v||``; ``frozen``: the same value, but ``v`` and ``g`` get a zero gradient (DINO freezes the
+        last layer early on; a zero keeps every parameter in the graph, as DistributedDataParallel needs)."""
+        v, g = self.weight_v, self.weight_g
+        if frozen:
+            v, g = _ZeroGradient.apply(v), (None if g is None else _ZeroGradient.apply(g))
+        w = F.normalize(v, dim=1)
+        return w if g is None else g * w
+
+    def forward(self, x: Tensor, frozen: bool = False) -> Tensor:
+        """In float32 at least, also under mixed precision: the logits are divided by temperatures of 0.04-0.1
+        (MSN's similarities likewise)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.to(dtype), self.weight(frozen).to(dtype))
+
+    def extra_repr(self) -> str:
+        k, d = self.weight_v.shape
+        return f"in_dim={d}, out_dim={k}, learn_norm={self.weight_g is not None}"
+
+
+class DINOHead(nn.Module):
+    """DINO's projection head (Caron et al. 2021, Sec. 3.1 "Network architecture"; their ``DINOHead``).
+
+    ``x -> mlp([in, hidden x (layers - 1), bottleneck], GELU, BN optional) -> L2-normalise -> NormalizedLinear -> K``
+    (3 layers, hidden 2048, bottleneck 256, K = 65536 in the paper). Linear layers of the MLP are
+    trunc-normal(0.02), bias 0, as theirs. ``patch_out_dim`` adds iBOT's separate last layer for patch tokens
+    (``patch_last_layer``); ``None`` shares the [CLS] one (iBOT's shared head, the ViT-S/B setting).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 2048, bottleneck_dim: int = 256,
+                 num_layers: int = 3, batch_norm: bool = False, norm_last_layer: bool = True,
+                 patch_out_dim: int | None = None) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"the head needs at least one layer, got num_layers={num_layers}")
+        dims = [in_dim, *[hidden_dim] * (num_layers - 1), bottleneck_dim]
+        self.mlp = mlp(dims, norm="batch" if batch_norm else "none", act="gelu")
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        self.last_layer = NormalizedLinear(bottleneck_dim, out_dim, learn_norm=not norm_last_layer)
+        self.patch_last_layer = (self.last_layer if patch_out_dim is None
+                                 else NormalizedLinear(bottleneck_dim, patch_out_dim, learn_norm=not norm_last_layer))
+
+    def bottleneck(self, x: Tensor) -> Tensor:
+        """``(..., in) -> (..., bottleneck)``, L2-normalised (tokens are flattened through the MLP: BatchNorm then
+        normalises over images and tokens, as iBOT's head)."""
+        shape = x.shape
+        return F.normalize(self.mlp(x.reshape(-1, shape[-1])), dim=-1).reshape(*shape[:-1], -1)
+
+    def forward(self, x: Tensor, freeze_last_layer: bool = False) -> Tensor:
+        """``(B, in)`` -> logits ``(B, K)``; ``freeze_last_layer``: the last layer gets a zero gradient."""
+        return self.last_layer(self.bottleneck(x), frozen=freeze_last_layer)
+
+    def forward_tokens(self, cls: Tensor, patches: Tensor, freeze_last_layer: bool = False) -> tuple[Tensor, Tensor]:
+        """iBOT: ``[CLS] (B, in)`` and ``patches (B, N, in)`` through one MLP call -> ``(B, K)``, ``(B, N, K')``."""
+        h = self.bottleneck(torch.cat([cls[:, None], patches], dim=1))
+        return (self.last_layer(h[:, 0], frozen=freeze_last_layer),
+                self.patch_last_layer(h[:, 1:], frozen=freeze_last_layer))
 
 
 class GeM(nn.Module):

@@ -400,8 +400,11 @@ class VisionTransformer(nn.Module):
         grid = F.interpolate(grid, size=(grid_h, grid_w), mode="bicubic", align_corners=False)
         return grid.permute(0, 2, 3, 1).reshape(1, grid_h * grid_w, self.embed_dim)
 
-    def embed_patches(self, x: Tensor) -> Tensor:
-        """Patch tokens plus position embeddings, ``(B, N, D)`` (no [CLS], nothing dropped)."""
+    def embed_patches(self, x: Tensor, mask: Tensor | None = None, mask_token: Tensor | None = None) -> Tensor:
+        """Patch tokens plus position embeddings, ``(B, N, D)`` (no [CLS], nothing dropped).
+
+        ``mask (B, N)`` bool with ``mask_token (D,)``: masked patches' embeddings are replaced by the (learnable,
+        the caller's) mask token before the position embedding is added (BEiT; iBOT's ``masked_embed``)."""
         if x.ndim != 4:
             raise ValueError(f"expected images of shape (B, C, H, W), got shape {tuple(x.shape)}")
         if x.shape[1] != self.in_channels:
@@ -411,6 +414,11 @@ class VisionTransformer(nn.Module):
             )
         grid_h, grid_w = self.grid_for(x.shape[2], x.shape[3])
         tokens = self.patch_embed(self.stem(x)).flatten(2).transpose(1, 2)
+        if mask is not None:
+            if mask_token is None or mask.shape != tokens.shape[:2]:
+                raise ValueError(f"a mask needs a mask_token of width {tokens.shape[2]} and the shape (B, N) = "
+                                 f"{tuple(tokens.shape[:2])}, got {tuple(mask.shape)}")
+            tokens = torch.where(mask.to(tokens.device).unsqueeze(-1), mask_token.to(tokens.dtype), tokens)
         return tokens + self.pos_embed_for(grid_h, grid_w).to(tokens.dtype)
 
     @staticmethod
@@ -438,10 +446,11 @@ class VisionTransformer(nn.Module):
         return torch.gather(tokens, 1, index)
 
     # --------------------------------------------------------------- forward
-    def _encode(self, x: Tensor, keep_indices: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    def _encode(self, x: Tensor, keep_indices: Tensor | None, mask: Tensor | None = None,
+                mask_token: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
         """Run the network; returns ``([CLS] (B, 1, D) or None, patches (B, K, D))`` before the
         final LayerNorm."""
-        tokens = self.embed_patches(x)
+        tokens = self.embed_patches(x, mask, mask_token)
         if keep_indices is not None:
             tokens = self._keep(tokens, keep_indices)
         b = tokens.shape[0]
@@ -468,10 +477,12 @@ class VisionTransformer(nn.Module):
             patches = torch.cat([cls, patches], dim=1)
         return self.norm(patches)
 
-    def forward_features(self, x: Tensor, keep_indices: Tensor | None = None) -> dict[str, Tensor]:
+    def forward_features(self, x: Tensor, keep_indices: Tensor | None = None, mask: Tensor | None = None,
+                         mask_token: Tensor | None = None) -> dict[str, Tensor]:
         """All feature views: ``"patch_tokens"`` (B, K, D) and their ``"mean"`` (B, D) after the
-        final LayerNorm, plus ``"cls"`` / ``"cls_prenorm"`` (B, D) when there is a [CLS]."""
-        cls, patches = self._encode(x, keep_indices)
+        final LayerNorm, plus ``"cls"`` / ``"cls_prenorm"`` (B, D) when there is a [CLS].
+        ``mask`` / ``mask_token``: masked image modelling, see :meth:`embed_patches`."""
+        cls, patches = self._encode(x, keep_indices, mask, mask_token)
         patch_tokens = self.norm(patches)
         out = {"patch_tokens": patch_tokens, "mean": patch_tokens.mean(dim=1)}
         if cls is not None:

@@ -28,6 +28,7 @@ from selfsup.data.datasets import DataError, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.memory import check_fits, gib
+from selfsup.report.method_figures import has_figures
 from selfsup.train.budget import BUDGET_FILE, MAX_TIMED, WARMUP_STEPS, Calibration, budget_steps, read_budget, record, \
     record_elapsed
 from selfsup.train.metrics_log import KNNAccuracy
@@ -134,7 +135,8 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
 
     if is_main:
         run.export(run.path, step)
-        samples = sample_images(cfg, data, channels, image_size, mean, std) if hasattr(raw_method, "plot") else None
+        samples = sample_images(cfg, data, channels, image_size, mean, std) if has_figures(cfg.method["name"]) \
+            else None
         run.plot(samples, step)
         if t.budget is not None and run.start_step == 0:
             record_elapsed(run.path, started)

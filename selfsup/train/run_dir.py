@@ -31,6 +31,7 @@ from selfsup.config import Config, ConfigError, flatten, save_config, to_dict
 from selfsup.data.imagedata import ImageData
 from selfsup.data.stream import StreamedSplit, data_fingerprint
 from selfsup.models import recorded_backbone
+from selfsup.report.method_figures import draw_method_figures
 from selfsup.train.loggers import ExperimentLoggers
 from selfsup.train.metrics_log import KNNAccuracy, TrainClock, TrainingLog
 from selfsup.train.signals import TrainingDiverged, TrainingHealth, reduced
@@ -348,8 +349,8 @@ class RunDir:
         """The metrics' curves, the eigenspectra and the method's own pictures (of ``samples``), into plots/; then
         every picture of plots/ to the experiment loggers, which are closed (the run is done)."""
         self.logbook.plot(self.path / "plots")
-        if hasattr(self.method, "plot"):
-            self.method.plot(self.path / "plots", self.logbook.metrics.rows, samples)
+        draw_method_figures(self.cfg.method["name"], self.method, self.path / "plots", self.logbook.metrics.rows,
+                            samples)
         self.logbook.experiment.log_images(self.path / "plots", step)
         self.logbook.experiment.finalize()
 

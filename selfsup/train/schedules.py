@@ -59,9 +59,10 @@ def ema_momentum_schedule(shape: Callable[..., np.ndarray], momentum: float, hor
     return stretched(shape, total_steps, stretch, start, start if end is None else end)
 
 
-def constant_schedule(value: float, total_steps: int, warmup_steps: int = 0) -> np.ndarray:
-    """Constant value after an optional linear warm-up from 0."""
-    return cosine_schedule(value, value, total_steps, warmup_steps)
+def constant_schedule(value: float, total_steps: int, warmup_steps: int = 0, warmup_start: float = 0.0) -> np.ndarray:
+    """Constant value after an optional linear warm-up from ``warmup_start`` (DINO's teacher temperature: 0.04 to
+    0.07 over the first 30 of 300 epochs, then held)."""
+    return cosine_schedule(value, value, total_steps, warmup_steps, warmup_start)
 
 
 def stretched(schedule_fn, total_steps: int, stretch: float, *args) -> np.ndarray:

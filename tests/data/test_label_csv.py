@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from labelled_photos import CLASSES, COLOURS, make_photos, write_labels
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.data.datasets import open_images
 from selfsup.data.formats.label_csv import labelled_source, read_label_csv
 from selfsup.data.imagedata import DataError

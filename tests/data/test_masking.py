@@ -213,3 +213,41 @@ def test_multi_masks_draw_from_the_given_generator_and_go_to_the_given_device(di
     assert torch.equal(a, b) and torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
     assert multi_mask_keep_indices(3, 16, 2, 4, disjoint, device="meta").device.type == "meta"
     assert random_keep_indices(3, 16, 0.5, device="meta").device.type == "meta"
+
+
+# ------------------------------------------------------------------------------------- iBOT's block masks
+def test_block_masks_shape_ratio_and_blocks() -> None:
+    import random
+
+    from selfsup.data.masking import block_masks
+
+    masks = block_masks(64, 2, (8, 8), ratios=[0.4], ratio_vars=[0.0], rng=random.Random(0))
+    assert len(masks) == 2 and all(m.shape == (64, 64) and m.dtype == torch.bool for m in masks)
+    counts = torch.stack(masks).sum(-1).float()
+    # BEiT's loop stops once the target (25.6 patches) is reached, overshooting by less than a block; or it gives up
+    assert counts.min() >= 8 and counts.max() <= 40 and abs(counts.mean().item() - 25.6) < 4
+    # blocks, not scattered patches: most masked patches have a masked 4-neighbour
+    grid = masks[0].view(64, 8, 8)
+    neighbour = torch.zeros_like(grid)
+    neighbour[:, 1:] |= grid[:, :-1]
+    neighbour[:, :-1] |= grid[:, 1:]
+    neighbour[:, :, 1:] |= grid[:, :, :-1]
+    neighbour[:, :, :-1] |= grid[:, :, 1:]
+    assert (grid & neighbour).sum() > 0.9 * grid.sum()
+
+
+def test_block_masks_ratio_zero_half_the_time() -> None:
+    import random
+
+    from selfsup.data.masking import block_masks
+
+    masks = torch.stack(block_masks(200, 2, (8, 8), ratios=[0.0, 0.3], ratio_vars=[0.0, 0.2], rng=random.Random(1)))
+    unmasked = (masks.sum(-1) == 0).float().mean().item()
+    assert 0.4 < unmasked < 0.6  # iBOT's [0, 0.3]: one of the two ratios per view
+
+
+def test_block_masks_reject_bad_ratios() -> None:
+    from selfsup.data.masking import block_masks
+
+    with pytest.raises(ValueError, match="0 <= var <= r"):
+        block_masks(2, 1, (4, 4), ratios=[0.3], ratio_vars=[0.4])

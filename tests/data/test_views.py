@@ -77,3 +77,14 @@ def test_step_views_move_the_groups_normalisation_to_their_device() -> None:
     data = ImageData(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), None, None)
     views = StepViews(data, StepSampler(4, 2), [group], 0, 0, 1, torch.device("meta"), torch.contiguous_format)
     assert [b.device.type for g in views.groups for b in g.buffers()] == ["meta"] * 4  # mean, std of Augment
+
+
+def test_run_by_size_calls_once_per_run_of_one_size_in_view_order() -> None:
+    from selfsup.data.views import run_by_size
+
+    views = [torch.full((2, 1, s, s), float(i)) for i, s in enumerate([8, 8, 4, 4, 4, 8])]
+    calls = []
+    out = run_by_size(lambda x: calls.append(tuple(x.shape)) or x.mean((1, 2, 3)), views)
+    assert calls == [(4, 1, 8, 8), (6, 1, 4, 4), (2, 1, 8, 8)]  # consecutive runs, as their MultiCropWrapper
+    assert torch.cat(out).tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    assert run_by_size(lambda x: x, []) == []

@@ -13,6 +13,7 @@ from selfsup.cli import main
 from selfsup.eval.finetune import labelled_subset
 from selfsup.train.optim import layer_ids
 from selfsup.models import build_backbone
+from tiny import tiny_yaml
 
 
 def test_layer_ids_follow_the_depth() -> None:
@@ -37,18 +38,9 @@ def test_labelled_subset_is_stratified_and_seeded() -> None:
     assert len(labelled_subset(labels)) == 200
 
 
-CONFIG = """
-method: {{name: vicreg, expander: [32, 32]}}
-data: {{dataset: tensors, root: {root}}}
-views:
-  - {{preset: minimal, num: 1, params: {{crop_scale: [0.8, 1.0], hflip_p: 0.0}}}}
-  - {{preset: minimal, num: 1, params: {{crop_scale: [0.8, 1.0], hflip_p: 0.0}}}}
-model:
-  backbone: resnet
-  params: {{block: basic, layers: [1, 1], width: 8, small_stem: true}}
-trainer: {{max_steps: 0, batch_size: 16, progress: false}}
-eval: {{finetune_epochs: 15, finetune_batch_size: 16, finetune_lr: 0.003, finetune_warmup: 0.05}}
-"""
+VIEW = {"preset": "minimal", "num": 1, "params": {"crop_scale": [0.8, 1.0], "hflip_p": 0.0}}
+RUN = {"views": [VIEW, VIEW], "trainer": {"max_steps": 0, "batch_size": 16},
+       "eval": {"finetune_epochs": 15, "finetune_batch_size": 16, "finetune_lr": 0.003, "finetune_warmup": 0.05}}
 
 
 def separable(n: int, seed: int) -> dict[str, torch.Tensor]:
@@ -66,7 +58,7 @@ def test_finetuning_learns_a_tiny_separable_set(tmp_path: Path, capsys) -> None:
     torch.save(separable(64, 0), tmp_path / "data" / "train.pt")
     torch.save(separable(32, 1), tmp_path / "data" / "test.pt")
     config = tmp_path / "c.yaml"
-    config.write_text(CONFIG.format(root=tmp_path / "data"))
+    config.write_text(tiny_yaml(RUN, data={"dataset": "tensors", "root": str(tmp_path / "data")}))
     run = tmp_path / "run"
     assert main(["pretrain", str(config), f"trainer.out={run}"]) == 0  # max_steps 0: the initial backbone
     capsys.readouterr()

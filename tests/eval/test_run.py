@@ -15,7 +15,8 @@ from PIL import Image
 
 from labelled_photos import CLASSES, COLOURS, IMAGES, LABELLED, image_numbers, labelled_run, make_photos
 from selfsup.checkpoint import export_backbone
-from selfsup.config import ConfigError, load_config, save_config
+from selfsup.config import ConfigError, save_config
+from selfsup.load import load_config
 from selfsup.data.datasets import AUTO_HOLDOUT, load_dataset, resolve_eval_split
 from selfsup.data.stream import StreamedSplit, open_split
 from selfsup.eval import run as eval_run

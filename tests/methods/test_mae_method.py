@@ -11,6 +11,7 @@ from selfsup.config import ConfigError
 from selfsup.losses.mae import mae_loss, patchify
 from selfsup.methods.mae import MAE, MAEConfig, MAEDecoder
 from selfsup.models.vit import VisionTransformer
+from selfsup.report.method_figures import draw_method_figures
 
 
 def _method(vit_params: dict | None = None, **kwargs) -> MAE:
@@ -66,7 +67,7 @@ def test_two_views_average_their_losses_and_the_decoder_is_not_exported() -> Non
 
 
 def test_reconstruction_picture(tmp_path) -> None:
-    _method().plot(tmp_path, [], torch.randn(4, 1, 16, 16))
+    draw_method_figures("mae", _method(), tmp_path, [], torch.randn(4, 1, 16, 16))
     assert (tmp_path / "mae_reconstruction.png").stat().st_size > 1000
 
 

@@ -14,9 +14,11 @@ from selfsup.cli import main
 from selfsup.config import ConfigError
 from selfsup.data.augment import MAST15_OPS, MAST_OPS, augment_config
 from selfsup.data.views import ViewGroup
-from selfsup.methods.mast import MAST, MASTConfig, mask_figure, mask_rows, uncertainty_figure, uncertainty_series
+from selfsup.methods.mast import MAST, MASTConfig
 from selfsup.models import build_backbone
-from tiny_mast import TINY_MAST
+from selfsup.report.method_figures import (draw_method_figures, mask_figure, mask_rows, uncertainty_figure,
+                                           uncertainty_series)
+from tiny import MAST_RUN, tiny_yaml
 
 OPS = ["color_jitter", "blur", "flip", "crop"]
 
@@ -257,7 +259,7 @@ def test_crop_p_is_the_drawn_crops_probability() -> None:
 
 def test_a_run_exports_the_encoder_alone_with_its_pictures(tmp_path: Path) -> None:
     config = tmp_path / "mast.yaml"
-    config.write_text(TINY_MAST)
+    config.write_text(tiny_yaml(MAST_RUN))
     run = tmp_path / "run"
     assert main(["pretrain", str(config), f"trainer.out={run}"]) == 0
     exported = load_file(run / "backbone.safetensors")
@@ -311,5 +313,6 @@ def test_plot_writes_both_pictures(tmp_path: Path) -> None:
     mast = method()
     out = tmp_path / "run" / "plots"  # parents made as needed; a second call overwrites
     for _ in range(2):
-        mast.plot(out, [{"step": 0, "uncertainty_flip": 1.0}, {"step": 5, "uncertainty_flip": 2.0}])
+        draw_method_figures("mast", mast, out, [{"step": 0, "uncertainty_flip": 1.0},
+                                                {"step": 5, "uncertainty_flip": 2.0}])
     assert sorted(p.name for p in out.iterdir()) == ["mast_masks.png", "mast_uncertainty.png"]

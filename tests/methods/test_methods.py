@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.losses.barlow import barlow_twins_loss
 from selfsup.losses.byol import byol_loss
 from selfsup.losses.vicreg import vicreg_loss

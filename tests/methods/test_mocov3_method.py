@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.losses.infonce import moco_contrastive_loss
 from selfsup.methods import build_method
 from selfsup.methods.mocov3 import MoCoV3, MoCoV3Config

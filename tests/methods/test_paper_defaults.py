@@ -119,6 +119,44 @@ PAPER_DEFAULTS: dict[str, dict[str, tuple[object, str]]] = {
         "momentum_end": (1.0, "moco-v3 main_moco.py adjust_moco_momentum: half cosine to 1"),
         "freeze_patch_embed": (False, "moco-v3 main_moco.py --stop-grad-conv1 is off by default"),
     },
+    "dino": {
+        "out_dim": (65536, "DINO (Caron et al. 2021) §3.1 / App. Tab. 9: K = 65536; main_dino.py --out_dim 65536"),
+        "head_hidden": (2048, "DINO §3.1: 3-layer MLP with hidden dimension 2048"),
+        "bottleneck": (256, "facebookresearch/dino vision_transformer.py DINOHead(bottleneck_dim=256)"),
+        "head_layers": (3, "DINO §3.1: 3-layer MLP head"),
+        "head_batch_norm": (False, "DINO §3.1: no BN in the ViT head; main_dino.py --use_bn_in_head False"),
+        "norm_last_layer": (True, "main_dino.py --norm_last_layer True (their ViT-S runs set it False)"),
+        "student_temperature": (0.1, "DINO §3.1: tau_s = 0.1"),
+        # main_dino.py's --teacher_temp default is 0.04 (no warm-up); the paper's recipe warms 0.04 -> 0.07.
+        "teacher_temperature": (0.07, "deliberate: DINO §3.1 / App.: tau_t warmed up 0.04 -> 0.07 over 30 epochs "
+                                      "(dino.py comment; main_dino.py's default is 0.04)"),
+        "warmup_teacher_temperature": (0.04, "DINO §3.1: tau_t starts at 0.04; main_dino.py --warmup_teacher_temp"),
+        "teacher_temperature_warmup": (0.1, "DINO: 30 of 300 epochs of warm-up (dino.py comment)"),
+        "center_momentum": (0.9, "DINO Eq. 4, main_dino.py DINOLoss(center_momentum=0.9)"),
+        "freeze_last_layer": (0.01, "main_dino.py --freeze_last_layer 1 epoch of --epochs 100 (dino.py comment)"),
+        "momentum": (0.996, "DINO §3.1; main_dino.py --momentum_teacher 0.996"),
+        "momentum_end": (1.0, "DINO §3.1: cosine schedule from 0.996 to 1"),
+        "eval_pool": ("cls", "DINO's kNN / linear evaluation reads the teacher's normed [CLS] (eval_knn.py)"),
+    },
+    "ibot": {
+        "out_dim": (8192, "iBOT (Zhou et al. 2022) §4 / bytedance/ibot main_ibot.py --out_dim 8192"),
+        "patch_out_dim": (8192, "main_ibot.py --patch_out_dim 8192"),
+        # main_ibot.py's default is False; the README's ViT-S/16 and ViT-B/16 commands pass --shared_head true.
+        "shared_head": (True, "deliberate: iBOT README ViT-S/B commands --shared_head true (ibot.py comment)"),
+        "teacher_temperature": (0.07, "iBOT README ViT-S/B commands --teacher_temp 0.07 after a 30-epoch warm-up"),
+        "warmup_teacher_temperature": (0.04, "main_ibot.py --warmup_teacher_temp 0.04"),
+        "teacher_patch_temperature": (0.07, "main_ibot.py --teacher_patch_temp 0.07"),
+        "warmup_teacher_patch_temperature": (0.04, "main_ibot.py --warmup_teacher_patch_temp 0.04"),
+        "patch_center_momentum": (0.9, "main_ibot.py iBOTLoss(center_momentum2=0.9)"),
+        "cls_weight": (1.0, "iBOT Eq. / main_ibot.py --lambda1 1.0"),
+        "patch_weight": (1.0, "iBOT Eq. / main_ibot.py --lambda2 1.0"),
+        "mask_ratio": ([0.0, 0.3], "iBOT README ViT-S/B commands --pred_ratio 0 0.3 (random MIM: ratio 0 or "
+                                   "0.1-0.5)"),
+        "mask_ratio_var": ([0.0, 0.2], "iBOT README ViT-S/B commands --pred_ratio_var 0 0.2"),
+        "mask_aspect": ([0.3, 1 / 0.3], "main_ibot.py ImageFolderMask(pred_aspect_ratio=(0.3, 1/0.3))"),
+        "momentum": (0.996, "main_ibot.py --momentum_teacher 0.996, cosine to 1"),
+        "momentum_end": (1.0, "main_ibot.py: momentum schedule cosine to 1"),
+    },
     "simclr": {
         "projector": ([2048, 128], "SimCLR (Chen et al. 2020) §4.2: 2-layer head; 128-d output (simclr code "
                                    "proj_out_dim)"),

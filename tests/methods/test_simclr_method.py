@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.losses.infonce import nt_xent_loss
 from selfsup.methods import build_method
 from selfsup.methods.simclr import SimCLR, SimCLRConfig

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.methods.assemble import backbone_params
 from selfsup.models import build_backbone, check_backbone_params, resolve_auto
 

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 import selfsup.train.budget as budget
 from selfsup.cli import main
-from selfsup.config import ConfigError, load_config, parse_duration, stage_configs
+from selfsup.config import ConfigError, parse_duration, stage_configs
+from selfsup.load import load_config
 from selfsup.train.stages import budget_shares
-from tiny_vicreg import TINY_VICREG_8PX
+from tiny import VICREG_8PX, tiny_yaml
 
 
 @pytest.mark.parametrize("text, seconds", [("30min", 1800), ("2h", 7200), ("90s", 90), ("1h30min", 5400),
@@ -95,8 +96,8 @@ def test_a_budget_that_the_timing_uses_up_is_an_error_but_a_later_stage_trains_o
 @pytest.fixture
 def config(tmp_path) -> Path:
     path = tmp_path / "tiny.yaml"
-    path.write_text(TINY_VICREG_8PX.replace("max_steps: 0", "max_steps: null, checkpoint_every_steps: 1000, "
-                                                           "log_every_steps: 5"))
+    path.write_text(tiny_yaml(VICREG_8PX, trainer={"max_steps": None, "checkpoint_every_steps": 1000,
+                                                   "log_every_steps": 5}))
     return path
 
 

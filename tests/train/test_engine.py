@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selfsup.config import ConfigError, OptimConfig, load_config
+from selfsup.config import ConfigError, OptimConfig
+from selfsup.load import load_config
 from selfsup.launch import run_warnings, validate
 from selfsup.train.schedules import cosine_schedule, lr_wd_schedules, warmup_steps
 

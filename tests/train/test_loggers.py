@@ -18,22 +18,16 @@ from pathlib import Path
 import pytest
 
 from selfsup.cli import main
-from selfsup.config import ConfigError, load_config
+from selfsup.config import ConfigError
+from selfsup.load import load_config
 from selfsup.launch import validate
+from tiny import ADAMW, tiny_yaml
 
-TINY = """
-method: {name: vicreg, expander: [64, 64]}
-data: {dataset: digits}
-views:
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-  - {preset: minimal, num: 1, params: {crop_scale: [0.5, 1.0]}}
-model:
-  backbone: resnet
-  params: {block: basic, layers: [1, 1], width: 8, small_stem: true}
-optim: {name: adamw, lr: 0.002, warmup_epochs: 0.5}
-trainer: {max_steps: 20, batch_size: 64, log_every_steps: 1, checkpoint_every_steps: 4, progress: false}
-monitor: {collapse_every_steps: 5, knn_every_steps: 5, knn_train_size: 200, knn_test_size: 100}
-"""
+VIEW = {"preset": "minimal", "num": 1, "params": {"crop_scale": [0.5, 1.0]}}
+TINY = tiny_yaml(method={"name": "vicreg", "expander": [64, 64]}, views=[VIEW, VIEW],
+                 optim={**ADAMW, "warmup_epochs": 0.5},
+                 trainer={"max_steps": 20, "log_every_steps": 1, "checkpoint_every_steps": 4},
+                 monitor={"collapse_every_steps": 5, "knn_every_steps": 5, "knn_train_size": 200, "knn_test_size": 100})
 INSTALLED = [name for name in ("tensorboard", "wandb", "mlflow") if importlib.util.find_spec(name) is not None]
 STEPS = list(range(1, 21))
 
