@@ -280,6 +280,10 @@ class EvalConfig:
     batch_size: PositiveInt = 512
     knn_k: PositiveInt = 20
     knn_temperature: Temperature = 0.07
+    # Also report knn200_top1: the same weighted kNN at k = 200, T = 0.1, as lightly's benchmark tables do (from the
+    # same similarities, so nearly free; left out, with a log line, on 200 labelled training images or fewer);
+    # false: knn_top1 / knn_top5 only.
+    knn_lightly: bool = True
     linear_epochs: Repeats = 30
     # ...or this many Adam steps, whichever is more: a few hundred labels give a few steps per pass (issue 52)
     linear_min_steps: Annotated[int, Range(ge=0, le=10**7, example="5000")] = 5000

@@ -135,7 +135,7 @@ def test_preprocess_takes_uint8_and_float_tensors(run_dir):
 
 def test_evaluate_is_the_cli_and_saves_json(run_dir, capsys):
     scores = selfsup.evaluate(run_dir, "knn", compare=["raw"])
-    assert set(scores) == {"knn_top1", "knn_top5", "raw_knn_top1", "raw_knn_top5"}
+    assert set(scores) == {"knn_top1", "knn_top5", "knn200_top1", "raw_knn_top1", "raw_knn_top5", "raw_knn200_top1"}
     saved = json.loads((run_dir / "eval" / "knn.json").read_text())
     assert saved["result"] == scores and saved["baselines"] == ["backbone", "raw"]
     capsys.readouterr()

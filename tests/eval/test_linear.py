@@ -185,3 +185,20 @@ def test_the_default_probe_converges_on_a_few_hundred_labels_per_class() -> None
     reference = 100.0 * float(((((test_x - mean) / std).double() @ head[:-1] + head[-1]).argmax(1) == test_y).float().mean())
     # 297 test images, 0.34 points each: measured 0.67 below at 5,000 steps, 2.7 below after 180
     assert abs(result["top1"] - reference) <= 1.0, (result["top1"], reference)
+
+
+def test_test_features_are_standardised_with_the_training_statistics() -> None:
+    # Issue 52: a probe that standardised the test features with their own mean / std passed every test. Here the
+    # class is the sign of feature 0 in training (mean 0), and every test point is shifted by +3 on that feature.
+    # With the training statistics all test points land on the positive side: class 1 for all, 50 %. Re-centring
+    # the test set with its own mean would undo the shift and score 100 %.
+    gen = torch.Generator().manual_seed(0)
+    signs = torch.tensor([-1.0, 1.0]).repeat(40)
+    train_y = (signs > 0).long()
+    train_x = 0.1 * torch.randn(80, 3, generator=gen)
+    train_x[:, 0] += signs
+    test_x = train_x[:20].clone()
+    test_x[:, 0] += 3.0
+    result = linear_probe(train_x, train_y, test_x, train_y[:20], epochs=5, batch_size=16)
+    assert result["val_top1"] == 100.0  # the probe learnt the sign of feature 0
+    assert result["top1"] == 50.0  # and applied the training mean / std to the shifted test set

@@ -99,3 +99,14 @@ def test_bad_inputs_fail_clearly() -> None:
         lowshot_logistic(train_x, train_y, train_x[:, :3], train_y)
     with pytest.raises(ValueError, match="at least 2 classes"):
         lowshot_logistic(train_x[:3], np.zeros(3, dtype=int), train_x, train_y, shots=(1,), percents=())
+
+
+def test_test_features_get_no_statistic_of_their_own() -> None:
+    # Issue 52: the map of the test features must not use a statistic of the test set (a column mean, as cyanure's
+    # columns=True fitted per split would be). 1-shot training points e0 (class 0) and e1 (class 1); the test
+    # points are the same two, both shifted by 5 e1. Per sample they both point towards class 1: 50 %. Centring the
+    # test set with its own column mean would remove the shift and score 100 %.
+    train_x, train_y = np.eye(3)[:2], np.array([0, 1])
+    shifted = train_x + np.array([0.0, 5.0, 0.0])
+    result = lowshot_logistic(train_x, train_y, shifted, train_y, shots=(1,), percents=(), num_splits=1)
+    assert result["1shot_mean"] == 50.0
