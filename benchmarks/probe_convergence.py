@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
             wd = result["best_wd"]
             if wd not in references:
                 minimum, w, b = lbfgs((train_x - mean) / std, train_y, wd, int(train_y.max()) + 1)
-                accuracy = 100.0 * float(((((test_x - mean) / std).double() @ w + b).argmax(1) == test_y).float().mean())
+                logits = ((test_x - mean) / std).double() @ w + b
+                accuracy = 100.0 * float((logits.argmax(1) == test_y).float().mean())
                 references[wd] = (minimum, accuracy)
             minimum, accuracy = references[wd]
             rows.append({"dataset": name, "train": len(train_x), "min_steps": min_steps, "best_lr": result["best_lr"],

@@ -194,31 +194,38 @@ def _timm_vit_args(model: nn.Module) -> tuple[dict[str, object] | None, str]:
     side = tuple(model.patch_embed.img_size or ())
     eps = {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
     checks = [
-        (bool(blocks) and all(type(b).__name__ == "Block" for b in blocks), "its blocks are not timm's plain Block"),
-        (proj.kernel_size == proj.stride and proj.kernel_size[0] == proj.kernel_size[1] and len(side) == 2
+        (lambda: bool(blocks) and all(type(b).__name__ == "Block" for b in blocks),
+         "its blocks are not timm's plain ViT blocks"),
+        (lambda: proj.kernel_size == proj.stride and proj.kernel_size[0] == proj.kernel_size[1] and len(side) == 2
          and side[0] == side[1], "its patches or its image are not square"),
-        (isinstance(model.patch_embed.norm, nn.Identity) and isinstance(model.norm_pre, nn.Identity),
+        (lambda: isinstance(model.patch_embed.norm, nn.Identity) and isinstance(model.norm_pre, nn.Identity),
          "it normalises the patch embedding (embed or pre norm)"),
-        (model.num_reg_tokens == 0, f"it has {model.num_reg_tokens} register tokens"),
-        (model.pos_embed is not None, "it has no position embedding"),
-        (model.global_pool in ("token", "avg") and model.attn_pool is None,
+        (lambda: model.num_reg_tokens == 0, f"it has {model.num_reg_tokens} register tokens"),
+        (lambda: model.pos_embed is not None, "it has no position embedding"),
+        (lambda: model.global_pool in ("token", "avg") and model.attn_pool is None,
          f"it pools with global_pool={model.global_pool!r}"),
-        (model.global_pool != "token" or model.cls_token is not None, "it pools a [CLS] token it does not have"),
-        (isinstance(model.fc_norm, nn.Identity), "it normalises the pooled feature (fc_norm)"),
-        (isinstance(model.norm, nn.LayerNorm), "it has no final LayerNorm (final_norm=False)"),
-        (len(eps) == 1, f"its LayerNorms use several epsilons {sorted(eps)}"),
-        (all(isinstance(b.ls1, nn.Identity) and isinstance(b.ls2, nn.Identity) for b in blocks),
+        (lambda: model.global_pool != "token" or model.cls_token is not None,
+         "it pools a [CLS] token it does not have"),
+        (lambda: isinstance(model.fc_norm, nn.Identity), "it normalises the pooled feature (fc_norm)"),
+        (lambda: isinstance(model.norm, nn.LayerNorm), "it has no final LayerNorm (final_norm=False)"),
+        (lambda: len(eps) == 1, f"its LayerNorms use several epsilons {sorted(eps)}"),
+        (lambda: all(isinstance(b.ls1, nn.Identity) and isinstance(b.ls2, nn.Identity) for b in blocks),
          "its blocks use LayerScale (init_values)"),
-        (all(isinstance(getattr(b.attn, n, nn.Identity()), nn.Identity) for b in blocks for n in ("q_norm", "k_norm", "norm"))
+        (lambda: all(isinstance(getattr(b.attn, n, nn.Identity()), nn.Identity)
+                     for b in blocks for n in ("q_norm", "k_norm", "norm"))
          and all(isinstance(getattr(b.mlp, "norm", nn.Identity()), nn.Identity) for b in blocks),
          "its attention or MLP has a norm inside (qk_norm, scale_norm)"),
-        (all(type(b.mlp).__name__ == "Mlp" and type(b.mlp.act) is nn.GELU and b.mlp.act.approximate == "none"
+        (lambda: all(type(b.mlp).__name__ == "Mlp" and type(b.mlp.act) is nn.GELU and b.mlp.act.approximate == "none"
              for b in blocks), "its MLP is not Linear-GELU-Linear"),
-        (all(m.p == 0 for m in model.modules() if isinstance(m, nn.Dropout)), "it uses dropout"),
+        (lambda: all(m.p == 0 for m in model.modules() if isinstance(m, nn.Dropout)), "it uses dropout"),
     ]
-    for ok, why in checks:
-        if not ok:
-            return None, why
+    for ok, why in checks:  # in order: the block checks run once the blocks are known to be timm's
+        try:
+            if not ok():
+                return None, why
+        except AttributeError:  # a block or layer of another kind than timm's plain ViT's
+            return None, "its blocks are not timm's plain ViT blocks"
+
     qkv_bias = {b.attn.qkv.bias is not None for b in blocks}
     if len(qkv_bias) > 1 or not all(b.attn.proj.bias is not None and b.mlp.fc1.bias is not None
                                     and b.mlp.fc2.bias is not None for b in blocks):

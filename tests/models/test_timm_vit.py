@@ -8,6 +8,7 @@ were run with timm 1.0.31 importable (its torchvision imports stood in for) on 2
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,17 +91,18 @@ monitor: {knn_every_steps: 0}
 eval: {holdout: 0.2}
 """)
     run = tmp_path / "run"
-    env_python = [sys.executable, "-m", "selfsup.cli"]
-    done = subprocess.run([*env_python, "pretrain", str(config), f"trainer.out={run}"], capture_output=True, text=True,
+    cli = [sys.executable, "-m", "selfsup.cli"]
+    done = subprocess.run([*cli, "pretrain", str(config), f"trainer.out={run}"], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
     assert "runs as selfsup's ViT with timm's weights" in done.stderr
     meta = json.loads((run / "backbone.json").read_text())
-    assert meta["backbone"] == "vit_custom" and meta["params"]["embed_dim"] == 192 and meta["params"]["patch_size"] == 16
+    assert meta["backbone"] == "vit_custom"
+    assert meta["params"]["embed_dim"] == 192 and meta["params"]["patch_size"] == 16
     blocker = tmp_path / "no_timm"
     blocker.mkdir()
     (blocker / "timm.py").write_text("raise ImportError('timm is absent in this process')\n")
-    evaluated = subprocess.run([*env_python, "eval", "knn", str(run)], capture_output=True, text=True, timeout=600,
-                               env={**__import__("os").environ, "PYTHONPATH": f"{blocker}:{Path.cwd()}"})
+    evaluated = subprocess.run([*cli, "eval", "knn", str(run)], capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "PYTHONPATH": f"{blocker}:{Path.cwd()}"})
     assert evaluated.returncode == 0, evaluated.stderr
     assert "knn" in (evaluated.stdout + evaluated.stderr).lower()
