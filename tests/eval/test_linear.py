@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,32 +148,14 @@ def test_min_steps_extends_the_run_as_more_epochs_would() -> None:
     assert not any(torch.equal(a, b) for a, b in zip(longer, cut))
 
 
-def _lbfgs_objective(x: torch.Tensor, y: torch.Tensor, wd: float, classes: int) -> tuple[float, torch.Tensor]:
-    """The probe's objective, mean CE + wd / 2 ||W||^2 (bias not decayed), minimised by full-batch L-BFGS in float64:
-    the converged reference. Returns the minimum and the weights stacked over the bias, (D + 1, C)."""
-    x = x.double()
-    w = torch.zeros(x.shape[1], classes, dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=1, max_iter=5000, tolerance_grad=1e-12, tolerance_change=1e-15,
-                            history_size=50, line_search_fn="strong_wolfe")
-
-    def objective() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + wd / 2 * w.square().sum()
-        loss.backward()
-        return loss
-
-    opt.step(objective)
-    with torch.no_grad():
-        optimum = float(torch.nn.functional.cross_entropy(x @ w + b, y) + wd / 2 * w.square().sum())
-    return optimum, torch.cat([w.detach(), b.detach()[None]])
-
-
 def test_the_default_probe_converges_on_a_few_hundred_labels_per_class() -> None:
     """Issue 52: on a small labelled set the probe must reach the optimum of its own objective, not stop after its
     epochs (1,500 digits at batch 256 are 6 steps a pass: 30 passes left the objective 0.1 above the optimum and the
     accuracy 2.7 points below). The reference is the same objective, at the chosen weight decay, solved by L-BFGS."""
     from sklearn.datasets import load_digits
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from probe_convergence import lbfgs  # the converged reference, shared with the benchmark
 
     x, y = load_digits(return_X_y=True)
     x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
@@ -179,10 +163,10 @@ def test_the_default_probe_converges_on_a_few_hundred_labels_per_class() -> None
     result = linear_probe(train_x, train_y, test_x, test_y, epochs=30, weight_decays=[1e-3])  # a finite optimum
     mean, std = train_x.mean(0), train_x.std(0, unbiased=False)
     std = torch.where(std > 0, std, torch.ones_like(std))
-    optimum, head = _lbfgs_objective((train_x - mean) / std, train_y, 1e-3, 10)
+    optimum, w, b = lbfgs((train_x - mean) / std, train_y, 1e-3, 10)
     # measured: 0.0096 above at the default 5,000 steps (lr 1e-3 chosen), 0.067 above after 30 passes (180 steps)
     assert 0 <= result["train_objective"] - optimum < 0.02, (result["train_objective"], optimum)
-    logits = ((test_x - mean) / std).double() @ head[:-1] + head[-1]
+    logits = ((test_x - mean) / std).double() @ w + b
     reference = 100.0 * float((logits.argmax(1) == test_y).float().mean())
     # 297 test images, 0.34 points each: measured 0.67 below at 5,000 steps, 2.7 below after 180
     assert abs(result["top1"] - reference) <= 1.0, (result["top1"], reference)
