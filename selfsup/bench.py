@@ -1,11 +1,27 @@
-"""``selfsup bench``: images/s of the training step and of the augmentation pipeline, and peak memory.
+"""``selfsup bench``: images/s of the training step and of the augmentation pipeline, peak memory, and the step's
+FLOPs and model FLOPs utilisation (MFU).
 
 Both speeds are measured in the same process on the same batches, so their ratio is meaningful
 on a shared, noisy machine; absolute numbers are not. A streamed dataset (``data.stream``) adds the
 loader: images/s of reading + decoding + cropping with the configured workers, and the decode cost
 per image in one process, so a user sees whether the loader or the step limits training. They are
-measured one after the other (loader alone, then the step on batches it produced), so on a machine
-with few cores the two do not slow each other during the measurement, as they would in a run.
+measured one after the other (loader alone, then the step on the crops it produced: their transfer to the device,
+the photometric ops and the training step), so on a machine with few cores the two do not slow each other during the
+measurement, as they would in a run. ``bottleneck`` names the slower side: streamed, ``loader`` when it makes fewer
+images/s than the step takes (``loader_to_train_ratio`` < 1); in memory, where the augmentation runs inside the step,
+``augmentation`` when it takes longer than the rest of the step (``augment_to_train_ratio`` < 2); else ``step``.
+
+FLOPs (:mod:`selfsup.flops`): one step's forward and backward (every pass the method runs: student, teacher or
+target, heads; not the augmentation, not the optimiser) counted once, outside the timed steps; ``tflops_per_s`` is
+that count times the timed steps over their time, ``mfu`` its fraction of the device's peak at the step's precision
+(``peak_source`` says which: a datasheet's dense figure for a known NVIDIA GPU, else a matrix multiply measured
+here).
+
+``synthetic``: random uint8 images instead of the training split, so a config is benched without its data (an
+ImageNet config on a laptop); the loader is not measured (``"data": "synthetic"``). A streamed config
+(``data.stream: true``) runs the streamed step on random crops of every view's size (what the loader hands the step),
+any other the in-memory step on random images of ``data.image_size`` (the dataset's stored size when unset:
+:data:`~selfsup.data.datasets.STORED_SHAPES`), its augmentation measured as usual.
 """
 
 from __future__ import annotations
@@ -17,13 +33,15 @@ from typing import Any
 
 import torch
 
-from selfsup.config import Config
+from selfsup.config import Config, ConfigError, DataConfig
+from selfsup.data.datasets import STORED_SHAPES, STREAMABLE, ImageData
 from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
+from selfsup.flops import achieved_tflops, compute_precision, count_flops, device_peak
 from selfsup.methods.assemble import assemble_model
 from selfsup.launch import torch_threads, validate
 from selfsup.train.optim import build_optimizer, online_encoder
-from selfsup.train.views import StepViews, build_view_groups, crop_specs, image_shape, normalization, views_maker
+from selfsup.train.views import build_view_groups, crop_specs, image_shape, normalization, views_from_crops, views_maker
 
 
 def _peak_memory_mib(device: torch.device) -> float:
@@ -33,18 +51,45 @@ def _peak_memory_mib(device: torch.device) -> float:
     return rss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
+def bench(cfg: Config, steps: int = 10, warmup: int = 2, synthetic: bool = False) -> dict[str, Any]:
     validate(cfg)
     with torch_threads(cfg.trainer.num_threads):
-        return _bench(cfg, steps, warmup)
+        return _bench(cfg, steps, warmup, synthetic)
 
 
-def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
+def synthetic_split(d: DataConfig, count: int) -> ImageData:
+    """``count`` random uint8 images shaped as the training split's: ``data.image_size`` and ``data.channels`` where
+    set, else the dataset's stored shape (:data:`STORED_SHAPES`; image files are decoded to 3 channels)."""
+    channels, side = STORED_SHAPES.get(d.dataset, (3 if d.dataset in STREAMABLE else None, None))
+    channels, side = d.channels or channels, d.image_size or side
+    missing = [key for key, value in (("image_size", side), ("channels", channels)) if value is None]
+    if missing:
+        examples = {"image_size": "data.image_size=224", "channels": "data.channels=3"}
+        raise ConfigError(f"--synthetic makes random images shaped as the training images, but {d.dataset}'s shape "
+                          f"is in its files: set {' and '.join(f'data.{key}' for key in missing)}, e.g. "
+                          f"{' '.join(examples[key] for key in missing)}")
+    images = torch.randint(0, 256, (count, channels, side, side), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    return ImageData(images, None, None)
+
+
+def _significant(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, Any]:
     t = cfg.trainer
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
-    data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
-                      progress=False)
-    streamed = isinstance(data, StreamedSplit)
+    if synthetic:
+        data: ImageData | StreamedSplit = synthetic_split(cfg.data, t.batch_size)
+        streamed = cfg.data.stream is True and cfg.data.dataset in STREAMABLE
+        if streamed and cfg.data.image_size is None:
+            raise ConfigError(f"streaming {cfg.data.dataset} needs data.image_size (the side of the crops), e.g. "
+                              f"data.image_size=224")
+    else:
+        data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
+                          progress=False)
+        streamed = isinstance(data, StreamedSplit)
     channels, size = image_shape(data)
     mean, std = normalization(data, cfg)
     view_groups = [group.to(device) for group in build_view_groups(cfg, size, mean, std)]
@@ -55,22 +100,36 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
                 else torch.autocast(device.type, enabled=False))
+    make = views_maker(method, view_groups)
     loader: dict[str, Any] = {}
     if streamed:
-        loader = _loader_speed(data, cfg, crop_specs(data, view_groups, method), steps, warmup)
-        # The step below runs on the crops of every view: the full-resolution decode is the loader's work.
-        step_views = StepViews(data, StepSampler(len(data), t.batch_size, seed=t.seed), view_groups, t.seed, 0,
-                               steps + warmup, device, memory_format, method)
-        view_batches = [step_views(i, 0, 1) for i in range(steps + warmup)]
+        specs = crop_specs(size, view_groups, method)
+        if synthetic:  # what the loader hands the step: uint8 crops of every view's size (one set, every step)
+            g = torch.Generator().manual_seed(0)
+            crop_sets = [[torch.randint(0, 256, (t.batch_size, channels, spec.size, spec.size), dtype=torch.uint8,
+                                        generator=g) for spec in specs for _ in range(spec.count)]] * (steps + warmup)
+        else:
+            loader = _loader_speed(data, cfg, specs, steps, warmup)
+            # The step below runs on crops the loader made beforehand: the decode is the loader's work, measured above.
+            crop_sets = [batch.crops for batch in crop_batches(
+                data.source, StepSampler(len(data), t.batch_size, seed=t.seed), specs, channels, t.seed, 0,
+                steps + warmup, data.workers, pin_memory=device.type == "cuda")]
         batches: list[torch.Tensor] = []  # no separate augmentation pass: the loader made the crops
     else:
-        make = views_maker(method, view_groups)
         g = torch.Generator().manual_seed(0)
         batches = [data.images[torch.randint(len(data), (t.batch_size,), generator=g)] for _ in range(steps + warmup)]
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
+    def step_views(i: int) -> list[torch.Tensor]:
+        if streamed:
+            crops = [c.to(device, non_blocking=True).float().div_(255) for c in crop_sets[i]]
+            views = views_from_crops(crops, view_groups, make if method.OWN_VIEWS else None, i)
+        else:
+            views = make(batches[i].to(device).float().div_(255), i)
+        return [view.contiguous(memory_format=memory_format) for view in views]
 
     # Augmentation alone: uint8 batch -> all views (in memory; a streamed run's crops come from the loader).
     aug_time = 0.0
@@ -83,16 +142,24 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
         if i >= warmup:
             aug_time += time.perf_counter() - start
 
-    # Full training step: augmentation + forward + backward + optimiser (+ EMA).
+    # The step's FLOPs: one forward and backward on the first batch's views, counted before the timed steps.
+    first = step_views(0)
+
+    def forward_backward() -> None:
+        with autocast:
+            out = method(first)
+        out.loss.backward()
+
+    flops = count_flops(forward_backward)
+    optimizer.zero_grad(set_to_none=True)
+
+    # Full training step: views (augmentation in memory, photometric ops when streamed) + forward + backward +
+    # optimiser (+ EMA).
     step_time = 0.0
     for i in range(steps + warmup):
         sync()
         start = time.perf_counter()
-        if streamed:
-            views = view_batches[i]
-        else:
-            x = batches[i].to(device).float().div_(255)
-            views = [view.contiguous(memory_format=memory_format) for view in make(x, i)]
+        views = step_views(i)
         with autocast:
             out = method(views)
         optimizer.zero_grad(set_to_none=True)
@@ -104,15 +171,25 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
             step_time += time.perf_counter() - start
 
     train_ips = steps * t.batch_size / step_time
-    if streamed:
+    if streamed and not synthetic:
         loader["loader_to_train_ratio"] = round(loader["loader_images_per_s"] / train_ips, 2)
+        loader["bottleneck"] = "loader" if loader["loader_images_per_s"] < train_ips else "step"
     augment = {} if streamed else {"augment_images_per_s": round(steps * t.batch_size / aug_time, 1),
-                                   "augment_to_train_ratio": round(steps * t.batch_size / aug_time / train_ips, 2)}
+                                   "augment_to_train_ratio": round(steps * t.batch_size / aug_time / train_ips, 2),
+                                   # the augmentation runs inside the step: slower than the rest of it?
+                                   "bottleneck": "augmentation" if aug_time > step_time - aug_time else "step"}
+    precision = compute_precision(t.precision, device)
+    peak, peak_source = device_peak(device, precision)
+    achieved = achieved_tflops(flops, steps, step_time)
     return {
         "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device), "precision": t.precision,
         "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
+        "data": "synthetic" if synthetic else "streamed" if streamed else "memory",
         "train_images_per_s": round(train_ips, 1), **augment, **loader,
+        "gflops_per_step": _significant(flops / 1e9), "gflops_per_image": _significant(flops / 1e9 / t.batch_size),
+        "tflops_per_s": _significant(achieved), "peak_tflops": _significant(peak), "peak_source": peak_source,
+        "mfu": round(achieved / peak, 3),
         "peak_memory_mib": round(_peak_memory_mib(device), 1),
     }
 

@@ -3,7 +3,7 @@
     selfsup pretrain CONFIG.yaml|RUN_DIR [key=value ...]
     selfsup eval knn|linear|lowshot|cluster|all|finetune RUN_DIR [key=value ...] [--baseline raw|random] [--compare raw,random]
     selfsup embed RUN_DIR IMAGES_DIR OUT.npy
-    selfsup bench CONFIG.yaml [key=value ...] [--steps N]
+    selfsup bench CONFIG.yaml [key=value ...] [--steps N] [--synthetic]
     selfsup shard IMAGES_DIR OUT_DIR [--splits train,val] [--max-count N] [--max-mb M]
     selfsup export RUN_DIR --format torchscript|onnx|timm|torchvision|state_dict [--out FILE]
     selfsup report RUN_DIR [--out FILE.html] [--max-train N] [--tsne N] [key=value ...]
@@ -131,10 +131,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     cfg = load_config(args.config, args.overrides)
     if cfg.stages:  # each stage's step (MAE-CT: MAE, head initialisation on a frozen encoder, contrastive tuning)
-        stages = [{"stage": s.name, **bench(s.cfg, steps=args.steps, warmup=args.warmup)} for s in stage_configs(cfg)]
+        stages = [{"stage": s.name, **bench(s.cfg, steps=args.steps, warmup=args.warmup, synthetic=args.synthetic)}
+                  for s in stage_configs(cfg)]
         print(json.dumps({"stages": stages}))
     else:
-        print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup)))
+        print(json.dumps(bench(cfg, steps=args.steps, warmup=args.warmup, synthetic=args.synthetic)))
 
 
 def cmd_shard(args: argparse.Namespace) -> None:
@@ -204,11 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "at most 8; 0 decodes in this process)")
     p.set_defaults(func=cmd_embed)
 
-    p = sub.add_parser("bench", help="images/s of the training step and of augmentation, and peak memory")
+    p = sub.add_parser("bench", help="images/s of the training step, of augmentation and of a streamed loader, the "
+                                     "step's FLOPs and MFU (fraction of the device's peak), and peak memory",
+                       description="Times a config's training step and prints one JSON object: images/s of the step "
+                                   "and of the augmentation (or of the streaming loader) and which is slower "
+                                   "(bottleneck), the FLOPs of one step's forward and backward (gflops_per_step, "
+                                   "gflops_per_image), TFLOP/s achieved and MFU against the device's peak for the "
+                                   "run's precision (a datasheet figure for H100, H200, A100; else a matrix multiply "
+                                   "measured here: peak_source), and peak memory.")
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="random images instead of the data (none is read; the loader is not measured): a streamed "
+                        "config (data.stream=true) gets random crops of each view's size, as its loader would hand "
+                        "the step; any other config random images of data.image_size (unset: the dataset's stored "
+                        "size, e.g. 32 for cifar10), augmented as usual")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("shard", help="convert an image folder into WebDataset tar shards (data.dataset=shards)")

@@ -32,8 +32,8 @@ from selfsup.data.imagedata import DataError, ImageData, convert_channels, resiz
 if TYPE_CHECKING:
     from selfsup.config import DataConfig
 
-__all__ = ["AUTO_HOLDOUT", "DATASETS", "STREAMABLE", "DataError", "EvalSplit", "ImageData", "ImageSource",
-           "default_root", "has_split", "load_dataset", "open_images", "resolve_eval_split"]
+__all__ = ["AUTO_HOLDOUT", "DATASETS", "STORED_SHAPES", "STREAMABLE", "DataError", "EvalSplit", "ImageData",
+           "ImageSource", "default_root", "has_split", "load_dataset", "open_images", "resolve_eval_split"]
 
 DATASETS: tuple[str, ...] = (
     "fashion_mnist",
@@ -61,6 +61,17 @@ _SPLITS: dict[str, tuple[str, ...]] = {
     "cifar100": ("train", "test"),
     "stl10": ("train", "test", "unlabeled", "train+unlabeled"),
     "digits": ("train", "test"),
+}
+
+# (channels, side) of the built-in datasets' images as stored (image folders, shards and tensors: whatever the files
+# hold); what ``selfsup bench --synthetic`` makes its random images like when data.image_size / data.channels are unset.
+STORED_SHAPES: dict[str, tuple[int, int]] = {
+    "fashion_mnist": (1, 28),
+    "mnist": (1, 28),
+    "cifar10": (3, 32),
+    "cifar100": (3, 32),
+    "stl10": (3, 96),
+    "digits": (1, 8),
 }
 
 

@@ -62,12 +62,23 @@ def views_maker(method: nn.Module | None, groups: list[ViewGroup]) -> Callable[[
     return lambda images, step: make_views(images, groups)
 
 
-def crop_specs(data: StreamedSplit, groups: list[ViewGroup], method: nn.Module | None) -> list[CropSpec]:
+def crop_specs(image_size: int, groups: list[ViewGroup], method: nn.Module | None) -> list[CropSpec]:
     """What the streaming loader crops: every view group's crops, or, for a method that draws its own views
-    (MAST), each image's centre square at ``data.image_size``."""
+    (MAST), each image's centre square at ``image_size`` (``data.image_size``)."""
     if method is not None and method.OWN_VIEWS:
-        return [CropSpec(data.image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)]
+        return [CropSpec(image_size, (1.0, 1.0), (1.0, 1.0), 0.0, 1)]
     return [g.crop_spec for g in groups]
+
+
+def views_from_crops(crops: list[torch.Tensor], groups: list[ViewGroup],
+                     make: Callable[[torch.Tensor, int], list[torch.Tensor]] | None, step: int) -> list[torch.Tensor]:
+    """A streamed step's views from the loader's crops (float in [0, 1] on the device, one per slot of
+    :func:`crop_specs`): each group's photometric ops on its crops, or ``make`` (the :func:`views_maker` of a method
+    that draws its own views, None otherwise) on the centre squares."""
+    if make is not None:
+        return make(crops[0], step)
+    slots = iter(crops)
+    return [v for g in groups for v in g.from_crops([next(slots) for _ in range(g.crop_spec.count)])]
 
 
 class StepViews:
@@ -92,7 +103,7 @@ class StepViews:
         self.unreadable = 0
         self.reported = set() if reported is None else reported  # unreadable files named already this session
         if self.streamed:
-            self.batches = iter(crop_batches(data.source, sampler, crop_specs(data, groups, method), data.channels,
+            self.batches = iter(crop_batches(data.source, sampler, crop_specs(data.image_size, groups, method), data.channels,
                                              seed, start, stop, data.workers, pin_memory=device.type == "cuda"))
 
     def _on_device(self, images: torch.Tensor) -> torch.Tensor:
@@ -106,12 +117,9 @@ class StepViews:
                     log.warning("unreadable image replaced by another: %s", name)
                     self.reported.add(name)
             self.unreadable += len(batch.unreadable)
-            crops = iter([self._on_device(c) for c in batch.crops])
+            crops = [self._on_device(c) for c in batch.crops]
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
-            if self.own_views:
-                views = self.make(next(crops), step)
-            else:
-                views = [v for g in self.groups for v in g.from_crops([next(crops) for _ in range(g.crop_spec.count)])]
+            views = views_from_crops(crops, self.groups, self.make if self.own_views else None, step)
         else:
             images = self._on_device(self.data.images[self.sampler.indices(step)])
             torch.manual_seed(self.seed * 1_000_003 + step * world_size + rank)
