@@ -52,6 +52,9 @@ def _peak_memory_mib(device: torch.device) -> float:
 
 
 def bench(cfg: Config, steps: int = 10, warmup: int = 2, synthetic: bool = False) -> dict[str, Any]:
+    """``steps`` timed training steps of ``cfg`` after ``warmup`` untimed ones, with ``trainer.num_threads``; the
+    result as ``selfsup bench`` prints it (the module's docstring says what each part measures). ``synthetic``: random
+    images instead of the data."""
     validate(cfg)
     with torch_threads(cfg.trainer.num_threads):
         return _bench(cfg, steps, warmup, synthetic)
@@ -82,10 +85,7 @@ def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, A
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
     if synthetic:
         data: ImageData | StreamedSplit = synthetic_split(cfg.data, t.batch_size)
-        streamed = cfg.data.stream is True and cfg.data.dataset in STREAMABLE
-        if streamed and cfg.data.image_size is None:
-            raise ConfigError(f"streaming {cfg.data.dataset} needs data.image_size (the side of the crops), e.g. "
-                              f"data.image_size=224")
+        streamed = cfg.data.stream is True and cfg.data.dataset in STREAMABLE  # auto: in memory, without a count
     else:
         data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
                           progress=False)
