@@ -10,6 +10,7 @@ the photometric ops and the training step), so on a machine with few cores the t
 measurement, as they would in a run. ``bottleneck`` names the slower side: streamed, ``loader`` when it makes fewer
 images/s than the step takes (``loader_to_train_ratio`` < 1); in memory, where the augmentation runs inside the step,
 ``augmentation`` when it takes longer than the rest of the step (``augment_to_train_ratio`` < 2); else ``step``.
+``data`` says what was read: ``memory``, ``streamed`` or ``synthetic``.
 
 FLOPs (:mod:`selfsup.flops`): one step's forward and backward (every pass the method runs: student, teacher or
 target, heads; not the augmentation, not the optimiser) counted once, outside the timed steps; ``tflops_per_s`` is
@@ -20,8 +21,9 @@ here).
 ``synthetic``: random uint8 images instead of the training split, so a config is benched without its data (an
 ImageNet config on a laptop); the loader is not measured (``"data": "synthetic"``). A streamed config
 (``data.stream: true``) runs the streamed step on random crops of every view's size (what the loader hands the step),
-any other the in-memory step on random images of ``data.image_size`` (the dataset's stored size when unset:
-:data:`~selfsup.data.datasets.STORED_SHAPES`), its augmentation measured as usual.
+any other (``auto`` too: whether it would stream depends on the data's size) the in-memory step on random images of
+``data.image_size`` (the dataset's stored size when unset: :data:`~selfsup.data.datasets.STORED_SHAPES`), its
+augmentation measured as usual.
 """
 
 from __future__ import annotations

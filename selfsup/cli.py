@@ -220,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", action="store_true",
                    help="random images instead of the data (none is read; the loader is not measured): a streamed "
                         "config (data.stream=true) gets random crops of each view's size, as its loader would hand "
-                        "the step; any other config random images of data.image_size (unset: the dataset's stored "
-                        "size, e.g. 32 for cifar10), augmented as usual")
+                        "the step; any other (data.stream=auto included: the data's size is unknown) random images "
+                        "of data.image_size (unset: the dataset's stored size, e.g. 32 for cifar10), augmented as "
+                        "usual")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("shard", help="convert an image folder into WebDataset tar shards (data.dataset=shards)")
