@@ -45,6 +45,7 @@ from PIL import Image
 import selfsup
 import selfsup.api
 from labelled_photos import make_photos, write_labels
+from selfsup.api import pretrain_config
 from selfsup.cli import build_parser, main
 from selfsup.config import Config, parse_overrides
 from selfsup.launch import validate
@@ -176,9 +177,11 @@ class World:
             raise AssertionError(f"no stand-in for data.dataset={cfg.data.dataset}: mark the block <!-- not run: ... -->")
         if cfg.method.get("queue_size"):
             extra.append("method.queue_size=32")
-        for i, stage in enumerate(cfg.stages):
+        for i, stage in enumerate(cfg.stages):  # a stage's own length or queue wins over the top level's
             if (stage.get("method") or {}).get("queue_size"):
                 extra.append(f"stages.{i}.method.queue_size=32")
+            if stage.get("trainer"):
+                extra += [f"stages.{i}.trainer.max_steps=2", f"stages.{i}.trainer.budget=null"]
         return extra
 
 
@@ -318,10 +321,10 @@ class Session:
         check_selfsup(argv, where)  # what a not-run block gets, first
         args, _ = build_parser().parse_known_args(argv)
         extra: list[str] = []
-        if args.command in ("pretrain", "bench") and args.config.endswith(".yaml"):
+        if args.command == "bench":
             extra = self.world.shrink(load_config(args.config, list(args.overrides)))
-        elif args.command == "pretrain":
-            extra = ["trainer.progress=false"]
+        if args.command == "pretrain":  # a YAML file, or a run directory (resumed, or the base of a new run)
+            extra = self.world.shrink(pretrain_config(Path(args.config), list(args.overrides)))
         if args.command in ("eval", "report"):
             extra = list(TINY_EVAL)
         if args.command in ("eval", "embed", "export", "report"):
