@@ -66,7 +66,7 @@ TINY_TRAIN = ["trainer.budget=null", "trainer.max_steps=2", "trainer.batch_size=
               "data.num_workers=0"]
 TINY_EVAL = ["eval.linear_epochs=1", "eval.linear_min_steps=0", "eval.linear_lrs=[0.01]",
              "eval.linear_weight_decays=[0]", "eval.lowshot_shots=[1]", "eval.lowshot_splits=1",
-             "eval.cluster_n_init=1", "eval.finetune_epochs=1", "eval.batch_size=64", "data.num_workers=0"]
+             "eval.cluster_n_init=1", "eval.finetune_epochs=1", "eval.finetune_batch_size=16", "eval.batch_size=64", "data.num_workers=0"]
 TINY_OPTIONS = {"embed": ["--workers", "0"], "report": ["--max-train", "40", "--tsne", "0"],
                 "bench": ["--steps", "1", "--warmup", "0"]}
 
@@ -181,7 +181,7 @@ class World:
             if (stage.get("method") or {}).get("queue_size"):
                 extra.append(f"stages.{i}.method.queue_size=32")
             if stage.get("trainer"):
-                extra += [f"stages.{i}.trainer.max_steps=2", f"stages.{i}.trainer.budget=null"]
+                extra.append(f"stages.{i}.trainer.max_steps=2")
         return extra
 
 
