@@ -12,7 +12,7 @@ own, like a reader's shell and Python session:
   Fashion-MNIST through ``data.root``. A run directory a command reads but no earlier command of the page made is a
   copy of one tiny run trained once for the whole module.
 - ``python`` blocks: executed, the blocks of a page in one namespace; ``selfsup.pretrain`` and ``selfsup.evaluate`` get
-  the same appended overrides.
+  the same appended overrides, and a ``"runs/NAME"`` the block names that does not exist is a copy of the tiny run.
 - ``yaml`` blocks: configs, loaded and validated (``_base_`` relative to the repository).
 - ``text`` blocks: output and file listings, not run; a CLI synopsis (lines starting ``selfsup``) is checked against
   the parser, both ways.
@@ -161,7 +161,7 @@ def image_folder(root: Path, classes: int = 4, per_class: int = 16, side: int = 
 @dataclass
 class World:
     """A reader's machine in a temporary folder: the working directory (the repository's configs linked in), HOME
-    with ~/photos, ../shared/data/cifar10 and a Fashion-MNIST folder."""
+    with ~/photos (and ~/photos_labels.csv), ~/fashion-mnist, and ../shared/data/cifar10."""
 
     cwd: Path
     fashion_mnist: Path
@@ -173,7 +173,7 @@ class World:
         extra = list(TINY_TRAIN)
         if cfg.data.dataset in ("fashion_mnist", "mnist"):
             extra.append(f"data.root={self.fashion_mnist}")
-        elif cfg.data.dataset != "imagefolder":
+        elif cfg.data.dataset not in ("imagefolder", "shards"):  # these read the page's own folders
             raise AssertionError(f"no stand-in for data.dataset={cfg.data.dataset}: mark the block <!-- not run: ... -->")
         if cfg.method.get("queue_size"):
             extra.append("method.queue_size=32")
@@ -193,7 +193,7 @@ def make_world(base: Path, tiny_run: Path | None = None) -> World:
     home = base / "home"
     photos = make_photos(home / "photos")
     write_labels(home / "photos_labels.csv", photos)
-    return World(cwd, fashion_mnist(base / "fashion-mnist"), tiny_run or base / "tiny_run")
+    return World(cwd, fashion_mnist(home / "fashion-mnist"), tiny_run or base / "tiny_run")
 
 
 @pytest.fixture(scope="module")
@@ -328,14 +328,19 @@ class Session:
         if args.command in ("eval", "report"):
             extra = list(TINY_EVAL)
         if args.command in ("eval", "embed", "export", "report"):
-            run = Path(tilde(args.run_dir))
-            if not run.exists():  # a run no earlier command of the page made: the module's tiny run
-                shutil.copytree(self.world.tiny_run, run)
+            self.existing_run(Path(tilde(args.run_dir)))
         code = main([tilde(a) for a in argv] + extra + TINY_OPTIONS.get(args.command, []))
         assert code == 0, f"{where}: selfsup {' '.join(argv)} exited {code}"
 
+    def existing_run(self, run: Path) -> None:
+        """A run directory the page reads but none of its commands made: a copy of the module's tiny run."""
+        if not run.exists():
+            shutil.copytree(self.world.tiny_run, run)
+
     def run(self, block: Block) -> None:
         if block.language == "python":
+            for name in re.findall(r"""["'](runs/[\w.-]+)""", block.text):
+                self.existing_run(Path(name))
             code = compile(block.text, block.where, "exec")
             exec(code, self.namespace)  # noqa: S102 - the docs' own example
         elif block.language == "bash":
