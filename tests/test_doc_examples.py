@@ -16,6 +16,8 @@ own, like a reader's shell and Python session:
 - ``yaml`` blocks: configs, loaded and validated (``_base_`` relative to the repository).
 - ``text`` blocks: output and file listings, not run; a CLI synopsis (lines starting ``selfsup``) is checked against
   the parser, both ways.
+- A bash block after ``<!-- exits 2: TEXT -->`` shows a command failing: each must exit 2 with one ``error:`` line
+  holding TEXT (docs/troubleshooting.md).
 - A block that cannot run in CI (GPUs, SLURM, ``pip install``, a 30-minute benchmark) is marked in the markdown by an
   HTML comment on the line before it, ``<!-- not run: why -->``. Its ``selfsup`` commands are still parsed by the real
   CLI parser and their configs and overrides validated as ``selfsup pretrain`` validates them (the loader and
@@ -57,6 +59,7 @@ PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").
                              if str(p.relative_to(REPO)) not in LAB_NOTEBOOK)]
 LANGUAGES = {"bash", "python", "yaml", "text"}
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(\S.*?)\s*-->")
+EXITS_2 = re.compile(r"<!--\s*exits 2:\s*(\S.*?)\s*-->")  # each command fails with this in its error: line
 # Programs a not-run block may name besides selfsup, make, pip and python (none of them is run).
 OTHER_TOOLS = {"cd", ".", "git", "apt-get", "torchrun", "srun", "sbatch", "tensorboard", "wandb", "mlflow", "export"}
 
@@ -78,6 +81,7 @@ class Block:
     language: str
     text: str
     not_run: str | None  # the reason given in <!-- not run: ... -->, or None: the block runs
+    error: str | None  # <!-- exits 2: TEXT -->: each command exits 2 with TEXT in its error line
 
     @property
     def where(self) -> str:
@@ -97,9 +101,10 @@ def blocks(page: str) -> list[Block]:
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), None)
         assert end is not None, f"{page}:{i + 1}: a code fence that is never closed"
         before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        marker = NOT_RUN.search(before)
+        marker, error = NOT_RUN.search(before), EXITS_2.search(before)
         text = "\n".join(line[len(indent):] if line.startswith(indent) else line.lstrip() for line in lines[i + 1:end])
-        found.append(Block(page, i + 1, language, text + "\n", marker.group(1) if marker else None))
+        found.append(Block(page, i + 1, language, text + "\n", marker.group(1) if marker else None,
+                           error.group(1) if error else None))
         i = end + 1
     return found
 
@@ -296,8 +301,8 @@ def check_synopsis(block: Block) -> None:
 class Session:
     """One page's bash and Python blocks, run in order in its world."""
 
-    def __init__(self, world: World, monkeypatch) -> None:
-        self.world = world
+    def __init__(self, world: World, monkeypatch, capsys) -> None:
+        self.world, self.capsys = world, capsys
         self.namespace: dict[str, typing.Any] = {"__name__": "__doc_example__"}
         monkeypatch.chdir(world.cwd)
         monkeypatch.setenv("HOME", str(world.cwd.parent / "home"))
@@ -337,8 +342,23 @@ class Session:
         if not run.exists():
             shutil.copytree(self.world.tiny_run, run)
 
+    def fails(self, argv: list[str], error: str, where: str) -> None:
+        """A command shown failing: exit 2 with one error line holding ``error``. A pretrain gets a length and the
+        Fashion-MNIST stand-in appended, so that if it ever stopped failing it would end in seconds."""
+        args, _ = build_parser().parse_known_args(argv)
+        bound = ["trainer.max_steps=2", f"data.root={self.world.fashion_mnist}"] if args.command == "pretrain" else []
+        self.capsys.readouterr()
+        code = main([tilde(a) for a in argv] + bound)
+        lines = [line for line in self.capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and error in lines[0], (
+            f"{where}: selfsup {' '.join(argv)} should exit 2 with {error!r}; it exited {code}: {lines}")
+
     def run(self, block: Block) -> None:
-        if block.language == "python":
+        if block.language == "bash" and block.error is not None:
+            for argv in commands(block.text):
+                assert argv[0] == "selfsup", f"{block.where}: only selfsup commands can be shown failing"
+                self.fails(argv[1:], block.error, block.where)
+        elif block.language == "python":
             for name in re.findall(r"""["'](runs/[\w.-]+)""", block.text):
                 self.existing_run(Path(name))
             code = compile(block.text, block.where, "exec")
@@ -360,10 +380,10 @@ def check_yaml(block: Block, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_code_block_of_the_page_runs(page, tmp_path, monkeypatch, tiny_run) -> None:
+def test_every_code_block_of_the_page_runs(page, tmp_path, monkeypatch, capsys, tiny_run) -> None:
     found = blocks(page)
     world = make_world(tmp_path, tiny_run)
-    session = Session(world, monkeypatch)
+    session = Session(world, monkeypatch, capsys)
     for block in found:
         assert block.language in LANGUAGES, (f"{block.where}: a ```{block.language or ''} block; use one of "
                                              f"{sorted(LANGUAGES)} (text: output, not run)")
