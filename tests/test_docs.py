@@ -58,9 +58,38 @@ def test_the_site_builds_with_warnings_as_errors(site) -> None:
     assert (site / "benchmarks" / "index.html").is_file() and (site / "reproductions" / "index.html").is_file()
 
 
+def test_every_method_has_a_page_in_the_nav_and_the_readme_links_it(site) -> None:
+    pages = nav_pages(mkdocs_config()["nav"])
+    readme = (REPO / "README.md").read_text()
+    for name in METHODS:
+        page = f"methods/{name}.md"
+        assert page in pages, f"{page} is not in mkdocs.yml's nav"
+        assert f"docs/{page}" in readme, f"the README does not link docs/{page}"
+        assert (site / "methods" / name / "index.html").is_file()
+
+
 def test_the_api_reference_is_generated_from_the_docstrings(site) -> None:
     html = (site / "api" / "index.html").read_text()
     for name in ("load_backbone", "embed", "pretrain", "evaluate", "Preprocess", "register_backbone"):
         assert re.search(rf'id="selfsup\.[\w.]*{name}"', html), name
     # a sentence of load_backbone's docstring, rendered
     assert "gives <code>(B, model.num_features)</code> features" in html
+
+
+def test_the_readmes_links_into_the_docs_resolve() -> None:
+    """The README is not part of the site, so mkdocs does not check its links: each relative link names a file that
+    exists, and each #anchor a heading of that file (slugged as GitHub and the site slug it)."""
+    from pymdownx.slugs import slugify
+
+    slug = slugify(case="lower")
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme) + re.findall(r"^\[[\w-]+\]: (\S+)$", readme, re.M)
+    assert len(targets) > 20
+    for target in targets:
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        assert (REPO / path).exists(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", (REPO / path).read_text(), re.M)
+            assert anchor in {slug(h, "-") for h in headings}, target
