@@ -1,6 +1,7 @@
 # Two entry points for a fresh Linux machine (see README):
 #   make quickstart   install, pretrain VICReg on Fashion-MNIST, evaluate beside raw pixels
-#   make test         install, run the test suite
+#   make test         install, run the test suite (the docs site is built and its examples run there too)
+#   make docs         build the docs site into site/ (mkdocs serve: a live preview)
 #   make mutation     mutation testing of the numeric core (long: hours on 2 cores; not in CI)
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: install data quickstart test test-slow mutation clean
+.PHONY: install data quickstart test test-slow docs mutation clean
 
 install: $(VENV)/.installed
 
@@ -17,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[test]" $(TORCH)
+	$(PY) -m pip install -q -e ".[test,docs]" $(TORCH)
 	touch $@
 
 # Fashion-MNIST from the Debian package, where apt is available (root or sudo).
@@ -44,6 +45,9 @@ test-slow: install
 	@start=$$(date +%s); $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m slow; rc=$$?; \
 	echo "make test-slow: $$(( $$(date +%s) - start )) s"; exit $$rc
 
+docs: install
+	$(VENV)/bin/mkdocs build --strict
+
 # One worker: the machines are 2-core and shared. Config in pyproject.toml [tool.mutmut].
 # MUTANTS="selfsup.losses.*" restricts the run to matching mutant names.
 mutation: install
@@ -53,4 +57,4 @@ mutation: install
 	$(PY) benchmarks/mutation_report.py
 
 clean:
-	rm -rf $(VENV) runs/quickstart mutants
+	rm -rf $(VENV) runs/quickstart mutants site
