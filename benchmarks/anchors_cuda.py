@@ -450,14 +450,12 @@ def run_child(impl: str, config: str, precision: str, opts: argparse.Namespace) 
     return json.loads(lines[-1])
 
 
-def with_ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``speed_vs_authors`` on every non-authors line whose config and precision have an ``authors`` line."""
-    authors = {(r["config"], r["precision"]): r for r in lines if r["impl"] == "authors" and "error" not in r}
-    for r in lines:
-        ref = authors.get((r["config"], r["precision"]))
-        if r["impl"] != "authors" and ref is not None and "error" not in r:
-            r["speed_vs_authors"] = round(ref["step_s_mean"] / r["step_s_mean"], 3)
-    return lines
+def with_ratio(line: dict[str, Any], authors: dict[str, Any] | None) -> dict[str, Any]:
+    """``speed_vs_authors`` on a line of another implementation, when the authors' line of its config and precision
+    has a time."""
+    if line["impl"] != "authors" and authors is not None and "error" not in authors and "error" not in line:
+        line["speed_vs_authors"] = round(authors["step_s_mean"] / line["step_s_mean"], 3)
+    return line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -489,7 +487,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{name} {getattr(opts, name)!r}: each must be one of {', '.join(allowed)}")
         return values
 
-    opts.config_list, opts.impl_list = listed("configs", CONFIGS), listed("impls", IMPLS)
+    opts.config_list = listed("configs", CONFIGS)
+    opts.impl_list = sorted(listed("impls", IMPLS), key=IMPLS.index)  # the authors' step first
     opts.precision_list = listed("precisions", PRECISIONS)
     opts.precision = opts.precision_list[0]
     if opts.device not in ("cuda", "cpu"):
@@ -521,12 +520,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for precision in opts.precision_list:
         for config in opts.config_list:
-            group = [run_child(impl, config, precision, opts) for impl in opts.impl_list
-                     if config in BUILDERS[impl]]
-            lines += with_ratios(group)
-            for line in group:
+            authors = None
+            for impl in opts.impl_list:  # "authors" first: the others' lines carry their speed against it
+                if config not in BUILDERS[impl]:
+                    continue
+                line = with_ratio(run_child(impl, config, precision, opts), authors)
+                authors = line if impl == "authors" else authors
+                lines.append(line)
                 print(json.dumps(line), flush=True)
-                if opts.out:
+                if opts.out:  # line by line: a run stopped from outside keeps what it measured
                     with open(opts.out, "a") as f:
                         f.write(json.dumps(line) + "\n")
     return 1 if any("error" in line for line in lines) else 0
