@@ -23,10 +23,11 @@
 # views, the 8192-wide trunk on the 7x7 map). At ~300 TFLOP/s in bf16 a step of the batches below takes 35-50 ms; in
 # fp32 (no TF32 unless torch is told, ~40 TFLOP/s) 260-380 ms. So 24 steps take 1-9 s, and a bench's ~25 s are
 # mostly start-up (imports, CUDA context, building the model, counting FLOPs):
-#   install + env 15 s | bench bf16 x3 75 s | side by side bf16, 5 steps built, 100 s | loader 60 s |
-#   bench fp32 x3 100 s | CUDA tests <= 150 s | compiled MSN (when trainer.compile exists) ~120 s |
-#   side by side fp32 ~120 s: about 740 s if all ran, so the last steps run only as far as the budget lets them
-#   (the goals' measurements come first, the tests after them, fp32 side by side last: "if time allows").
+#   install + env 15 s | bench bf16 x3 75 s | side by side bf16 (5 steps built, 20 s each) 100 s | loader 60 s |
+#   bench fp32 x3 100 s | CUDA + FLOP tests <= 120 s | SDPA / compile tests <= 60 s | compiled MSN (once
+#   trainer.compile exists) ~120 s | side by side fp32 ~100 s: ~750 s if all ran, so the budget decides how far the
+#   last steps get. The goals' measurements come first, the tests after them, the fp32 side by side ("if time
+#   allows") last.
 # Batches, by memory: what a step keeps for its backward is ~16 floats per token per block (attention through
 # SDPA keeps no N x N matrix). MSN trains on 167 + 10 x 37 = 537 tokens of ViT-S per image: 12 x 537 x 16 x 384 x
 # 4 B ~ 160 MB an image in fp32, 20 GB at 128 (half in bf16); MAE ViT-B: 50 encoder tokens + 197 decoder tokens of
@@ -43,18 +44,21 @@ DRY=${GPU_CHECK_DRY:-0}
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/selfsup_gpu_check.XXXX")
 S=$(date +%s)
 DEADLINE=$(( S + ${GPU_CHECK_BUDGET:-$([ "$DRY" = 1 ] && echo 1800 || echo 570)} ))
+SLOW=$([ "$DRY" = 1 ] && echo 3 || echo 1)  # the dry run's timeouts: a 2-core CPU in bf16 is slow even at 64 px
 : > "$OUT/bench.jsonl"
 : > "$OUT/sbs.jsonl"
 : > "$OUT/steps.log"
 
 note() { echo "[$(( $(date +%s) - S ))s] $*" | tee -a "$OUT/steps.log"; }
-run() {  # run NAME TIMEOUT_S COMMAND...: cut to the budget's time left; skipped under 20 s
-  local name=$1 lim=$2 t0 left rc; shift 2; t0=$(date +%s); left=$(( DEADLINE - t0 ))
+RC=""
+run() {  # run NAME TIMEOUT_S COMMAND...: cut to the budget's time left, skipped under 20 s; RC says how it ended
+  local name=$1 lim=$(( $2 * SLOW )) t0 left; shift 2; t0=$(date +%s); left=$(( DEADLINE - t0 ))
   rm -f "$OUT/$name.log"
-  if [ "$left" -lt 20 ]; then note "$name skipped: ${left}s of the budget left"; return 0; fi
+  if [ "$left" -lt 20 ]; then RC="skipped: ${left} s of the budget left"; note "$name $RC"; return 0; fi
   [ "$lim" -gt "$left" ] && lim=$left
-  timeout "$lim" "$@" > "$OUT/$name.log" 2>&1; rc=$?
-  note "$name rc=$rc wall=$(( $(date +%s) - t0 ))s :: $(tail -1 "$OUT/$name.log" | cut -c1-400)"
+  timeout "$lim" "$@" > "$OUT/$name.log" 2>&1; RC=$?
+  [ "$RC" = 124 ] && RC="124 (timed out after $lim s)"
+  note "$name rc=$RC wall=$(( $(date +%s) - t0 ))s :: $(tail -1 "$OUT/$name.log" | cut -c1-400)"
   return 0
 }
 
@@ -73,7 +77,8 @@ export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 SELFSUP=("$PY" -m selfsup.cli)
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || echo "no GPU (nvidia-smi)"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null \
+    || echo "no GPU (nvidia-smi)"
   lscpu 2> /dev/null | grep 'Model name'; echo "cores $(nproc)"
   "$PY" - <<'EOF'
 import importlib.metadata as m, importlib.util, platform, torch, selfsup
@@ -90,8 +95,10 @@ EOF
 # Sizes: the real ones, or the dry run's (64 px, batch 2, one step) that only test this script.
 declare -A BATCH=([msn_vit_s16]=128 [mae_vit_b16]=256 [mast5_resnet50]=128)
 declare -A SMALL=([msn_vit_s16]="data.image_size=64 views.2.size=32" [mae_vit_b16]="data.image_size=64"
-                  [mast5_resnet50]="data.image_size=64 views.0.size=64")
-STEPS=(--steps 20 --warmup 3); SBS=(--steps 20 --warmup 3 --batch 64); DEV=(); PHOTOS=3000; WORKERS=$(( $(nproc) - 2 ))
+                  [mast5_resnet50]="data.image_size=64 views.0.size=64 method.trunk=[256,256]
+                                    method.embedding_dim=128")
+STEPS=(--steps 20 --warmup 3); SBS=(--steps 20 --warmup 3 --batch 64); DEV=()
+PHOTOS=3000; WORKERS=$(( $(nproc) - 2 ))  # loader workers: the cores less the trainer's and the main process's
 if [ "$DRY" = 1 ]; then
   for k in "${!BATCH[@]}"; do BATCH[$k]=2; done
   STEPS=(--steps 1 --warmup 1); SBS=(--steps 1 --warmup 0 --batch 2 --device cpu --image-size 32)
@@ -100,28 +107,30 @@ fi
 [ "$WORKERS" -lt 1 ] && WORKERS=1
 
 bench() {  # bench NAME CONFIG PRECISION [more selfsup bench arguments...]: one line of bench.jsonl
-  local name=$1 cfg=$2 precision=$3 small=""; shift 3
-  [ "$DRY" = 1 ] && small=${SMALL[$cfg]}
-  # shellcheck disable=SC2086  # $small is a list of overrides
+  local name=$1 cfg=$2 precision=$3 small=(); shift 3
+  [ "$DRY" = 1 ] && read -r -d '' -a small <<< "${SMALL[$cfg]}"  # all its words, no globs: [256,256] as written
   run "$name" "${BENCH_TIMEOUT:-90}" "${SELFSUP[@]}" bench "configs/imagenet/$cfg.yaml" trainer.precision="$precision" \
-      trainer.batch_size="${BATCH[$cfg]}" "${DEV[@]}" $small "${STEPS[@]}" "$@"
-  "$PY" - "$name" "$cfg" "$OUT/$name.log" >> "$OUT/bench.jsonl" <<'EOF'
+      trainer.batch_size="${BATCH[$cfg]}" "${DEV[@]}" "${small[@]}" "${STEPS[@]}" "$@"
+  "$PY" - "$name" "$cfg" "$OUT/$name.log" "$RC" >> "$OUT/bench.jsonl" <<'EOF'
 import json, os, sys
-name, cfg, log = sys.argv[1:]
+name, cfg, log, rc = sys.argv[1:]
 text = open(log, errors="replace").read() if os.path.exists(log) else ""
 try:
     result = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
 except (IndexError, json.JSONDecodeError):
-    result = {"error": text[-1500:] or "skipped: the budget was spent"}
+    result = {"error": f"rc {rc}: {text[-1500:]}" if text else f"rc {rc}"}
 print(json.dumps({"name": name, "config": cfg, **result}))
 EOF
 }
 
 # Does this selfsup know trainer.compile (another branch adds it)? A config check, no training.
 COMPILE=0
-if "$PY" -c "from selfsup.load import load_config; load_config('configs/imagenet/msn_vit_s16.yaml', ['trainer.compile=true'])" \
-    > "$OUT/compile_probe.log" 2>&1; then COMPILE=1; note "trainer.compile is known: one compiled MSN line"
-else note "trainer.compile is not known to this selfsup: no compiled line ($(tail -1 "$OUT/compile_probe.log" | cut -c1-200))"; fi
+if "$PY" -c "from selfsup.load import load_config
+load_config('configs/imagenet/msn_vit_s16.yaml', ['trainer.compile=true'])" > "$OUT/compile_probe.log" 2>&1; then
+  COMPILE=1; note "trainer.compile is known: one compiled MSN line"
+else
+  note "trainer.compile is unknown here: no compiled line ($(tail -1 "$OUT/compile_probe.log" | cut -c1-200))"
+fi
 
 # 1. The step at 224 px in bf16-mixed (the goals' precision), synthetic data: FLOPs, TFLOP/s, MFU, peak memory.
 for cfg in msn_vit_s16 mae_vit_b16 mast5_resnet50; do bench "bench_${cfg}_bf16" "$cfg" bf16-mixed --synthetic; done
@@ -137,14 +146,16 @@ print(streaming.make_folder(Path(sys.argv[1]) / 'train', int(sys.argv[2])))" "$S
 bench loader_msn_vit_s16_bf16 msn_vit_s16 bf16-mixed data.root="$SCRATCH/photos" data.stream=true \
     data.num_workers="$WORKERS"
 # 4. fp32 (32-true): the other half of "bf16 faster than fp32".
-for cfg in msn_vit_s16 mae_vit_b16 mast5_resnet50; do BENCH_TIMEOUT=120 bench "bench_${cfg}_fp32" "$cfg" 32-true --synthetic; done
-# 5. The CUDA tests, and the FLOP-count / SDPA / compile tests there are.
-shopt -s nullglob
-tests=(tests/test_cuda.py tests/test_flops.py tests/test_*sdpa*.py tests/*/test_*sdpa*.py tests/test_*compile*.py
-       tests/*/test_*compile*.py)
-run pytest_cuda 150 "$PY" -m pytest -q -p no:cacheprovider -x "${tests[@]}"
+for cfg in msn_vit_s16 mae_vit_b16 mast5_resnet50; do
+  BENCH_TIMEOUT=120 bench "bench_${cfg}_fp32" "$cfg" 32-true --synthetic
+done
+# 5. The CUDA tests and the FLOP counts; then the SDPA and compile tests wherever they are (by name: pytest's exit 5
+#    says there are none yet).
+run pytest_cuda 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_flops.py
+run pytest_sdpa_compile 60 "$PY" -m pytest -q -p no:cacheprovider tests -k "sdpa or compile"
 # 6. With the time left: torch.compile on MSN (if this selfsup has it), then the side by side in fp32.
-[ "$COMPILE" = 1 ] && BENCH_TIMEOUT=180 bench bench_msn_vit_s16_bf16_compile msn_vit_s16 bf16-mixed --synthetic trainer.compile=true
+[ "$COMPILE" = 1 ] && BENCH_TIMEOUT=180 bench bench_msn_vit_s16_bf16_compile msn_vit_s16 bf16-mixed --synthetic \
+    trainer.compile=true
 run sbs_fp32 240 "$PY" benchmarks/anchors_cuda.py --precisions 32-true "${SBS[@]}" --out "$OUT/sbs.jsonl"
 note "done in $(( $(date +%s) - S ))s; tables: $PY benchmarks/gpu_table.py $OUT"
 rm -rf "$SCRATCH"

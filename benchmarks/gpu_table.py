@@ -90,7 +90,7 @@ def tables(out: Path) -> str:
     lines = [f"GPU: **{gpu}**", ""]
     if "dry run" in env:
         lines += ["**Dry run (GPU_CHECK_DRY=1): CPU, tiny sizes. Not a benchmark.**", ""]
-    lines += [f"### selfsup's training step at 224 px, synthetic data ({gpu})", ""]
+    lines += [f"### selfsup's training step, `selfsup bench --synthetic` ({gpu})", ""]
     lines += _table(["config", "precision", "batch", "images/s", "GFLOPs/image", "TFLOP/s", "MFU", "peak MiB",
                      "peak from"], step_rows(bench)) + [""]
 
