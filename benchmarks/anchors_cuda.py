@@ -178,7 +178,8 @@ def authors_msn(config: str, opts: argparse.Namespace, device: Any, views: list[
     if meta["model_name"] != "deit_small" or data["focal_views"] != len(focal) or data["rand_views"] != 1:
         raise ValueError(f"their msn_vits16.yaml ({meta['model_name']}, {data['rand_views']} + {data['focal_views']} "
                          f"views) is not the config's ({len(views) - 1} anchors): the comparison would not be fair")
-    same_work(config, opts, {"mask_ratio": data["patch_drop"], "shared_mask": True, "num_prototypes": crit["num_proto"],
+    same_work(config, opts, {"mask_ratio": data["patch_drop"], "shared_mask": True,  # one randperm for the batch
+                             "num_prototypes": crit["num_proto"],
                              "projector": [meta["hidden_dim"], meta["hidden_dim"], meta["output_dim"]],
                              "sinkhorn_iterations": 3 if crit["use_sinkhorn"] else 0,
                              "memax_weight": float(crit["memax_weight"]) if crit["me_max"] else 0.0})

@@ -45,6 +45,11 @@ def _n(value: float | None, digits: int = 0) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
+def _rate(value: float | None) -> str:
+    """Images/s: whole numbers, a decimal below 100 (a dry run's CPU rates)."""
+    return _n(value, 0 if value is None or value >= 100 else 1)
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f} %"
 
@@ -63,7 +68,7 @@ def step_rows(bench: list[dict]) -> list[list[str]]:
         if "error" in r or r.get("data") != "synthetic":
             continue
         precision = r["precision"] + (", compiled" if r["name"].endswith("_compile") else "")
-        rows.append([_label(r["config"]), precision, str(r["batch_size"]), _n(r["train_images_per_s"]),
+        rows.append([_label(r["config"]), precision, str(r["batch_size"]), _rate(r["train_images_per_s"]),
                      _n(r["gflops_per_image"], 1), _n(r["tflops_per_s"], 1), _pct(r["mfu"]),
                      _n(r["peak_memory_mib"]), r["peak_source"]])
     return rows
@@ -97,21 +102,21 @@ def tables(out: Path) -> str:
     ratios = precision_ratios(bench)
     lines += [f"### bf16-mixed against fp32 ({gpu})", ""]
     lines += _table(["config", "fp32 images/s", "bf16-mixed images/s", "bf16 / fp32"],
-                    [[_label(c), _n(f), _n(b), f"{r:.2f}x"] for c, (f, b, r) in ratios.items()]) + [""]
+                    [[_label(c), _rate(f), _rate(b), f"{r:.2f}x"] for c, (f, b, r) in ratios.items()]) + [""]
 
     loaders = loader_lines(bench)
     lines += [f"### The streaming loader against the step ({gpu})", ""]
     lines += _table(["config", "precision", "batch", "workers", "loader images/s", "step images/s", "loader / step",
                      "decode ms/image", "bottleneck"],
                     [[_label(r["config"]), r["precision"], str(r["batch_size"]), str(r["loader_workers"]),
-                      _n(r["loader_images_per_s"]), _n(r["train_images_per_s"]), f"{r['loader_to_train_ratio']:.2f}x",
+                      _rate(r["loader_images_per_s"]), _rate(r["train_images_per_s"]), f"{r['loader_to_train_ratio']:.2f}x",
                       _n(r["decode_ms_per_image"], 2), r["bottleneck"]] for r in loaders]) + [""]
 
     lines += [f"### The authors' step against selfsup's, same batch, input and precision ({gpu})", ""]
     lines += _table(["config", "precision", "implementation", "batch", "s/step", "images/s", "GFLOPs/step", "MFU",
                      "peak MiB", "speed vs the authors'"],
                     [[_label(r["config"]), r["precision"], r["impl"], str(r["batch"]), _n(r["step_s_mean"], 4),
-                      _n(r["images_per_s"]), _n(r["gflops_per_step"], 1), _pct(r["mfu"]), _n(r["peak_memory_mib"]),
+                      _rate(r["images_per_s"]), _n(r["gflops_per_step"], 1), _pct(r["mfu"]), _n(r["peak_memory_mib"]),
                       f"{r['speed_vs_authors']:.2f}x" if "speed_vs_authors" in r else ""]
                      for r in sbs if "error" not in r]) + [""]
 
