@@ -14,7 +14,7 @@
 # kornia and kornia-rs (a compiled wheel, fetched for CPython 3.12 on x86-64 Linux, the lent machines' Python), and
 # a modern timm for MAE's models_mae.py. gpu_check.sh installs only those whose package the machine does not
 # already have. The rest of pyproject.toml's dependencies (numpy, scipy, scikit-learn, matplotlib, pillow, pyyaml,
-# safetensors, rich) are compiled, large, and in the lent machines' image (docs/benchmarks.md, "The GPU path").
+# safetensors, rich) are compiled or large, and the lent machines' image has them (its package list, 2026-11).
 # Prints the folder's size: the device tool carries at most 64 MiB with the working tree.
 set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: bash benchmarks/gpu_pack.sh MSN_GIT MAE_GIT" >&2; exit 2; }
