@@ -505,3 +505,118 @@ def test_mast_masks_counts_each_masks_dimensions_and_finds_variance_piled_on_the
     variance = np.array([np.log1p(np.exp(8.0))] * 6 + [np.log(2.0)] * 26)
     assert result["corr_mask_weight_variance"] == pytest.approx(np.corrcoef(weight, variance)[0, 1], abs=1e-3)
     assert result["top_dims_variance_ratio"] == pytest.approx(variance[:3].mean() / variance.mean(), abs=0.01)
+
+
+def _gpu_check_out(root: Path) -> Path:
+    """An OUT_DIR of benchmarks/gpu_check.sh, written by hand: MSN 1.5x the authors' (exactly the goal), MAE
+    1.25x; MSN's bf16 3000 against fp32 1000 images/s, MAE's 5000 against 5500 (bf16 slower); the loader 1.1x the
+    step; MAE's MFU 41 %; MAST's bf16 bench out of memory."""
+    root.mkdir()
+    (root / "env.txt").write_text("NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\ncores 16\n")
+    peak = "datasheet NVIDIA H100 SXM bf16 dense"
+
+    def step(name: str, config: str, precision: str, images_per_s: float, mfu: float) -> dict:
+        return {"name": name, "config": config, "precision": precision, "batch_size": 128, "data": "synthetic",
+                "train_images_per_s": images_per_s, "gflops_per_image": 81.34, "tflops_per_s": 244.0, "mfu": mfu,
+                "peak_memory_mib": 12345.6, "peak_source": peak}
+
+    bench = [step("bench_msn_vit_s16_bf16", "msn_vit_s16", "bf16-mixed", 3000.0, 0.247),
+             step("bench_mae_vit_b16_bf16", "mae_vit_b16", "bf16-mixed", 5000.0, 0.41),
+             {"name": "bench_mast5_resnet50_bf16", "config": "mast5_resnet50",
+              "error": "torch.OutOfMemoryError: CUDA out of memory"},
+             {**step("loader_msn_vit_s16_bf16", "msn_vit_s16", "bf16-mixed", 3000.0, 0.25), "data": "streamed",
+              "loader_workers": 14, "loader_images_per_s": 3300.0, "loader_to_train_ratio": 1.1,
+              "decode_ms_per_image": 4.5, "bottleneck": "step"},
+             step("bench_msn_vit_s16_fp32", "msn_vit_s16", "32-true", 1000.0, 0.5),
+             step("bench_mae_vit_b16_fp32", "mae_vit_b16", "32-true", 5500.0, 0.6)]
+
+    def side(impl: str, config: str, seconds: float, **extra: float) -> dict:
+        return {"impl": impl, "config": config, "precision": "bf16-mixed", "batch": 64, "step_s_mean": seconds,
+                "images_per_s": 64 / seconds, "gflops_per_step": 5206.0, "mfu": 0.1, "peak_memory_mib": 9000.0,
+                **extra}
+
+    sbs = [side("authors", "msn_vit_s16", 0.15), side("selfsup", "msn_vit_s16", 0.1, speed_vs_authors=1.5),
+           side("authors", "mae_vit_b16", 0.1), side("selfsup", "mae_vit_b16", 0.08, speed_vs_authors=1.25)]
+    (root / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bench))
+    (root / "sbs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sbs))
+    return root
+
+
+def test_gpu_table_prints_each_goal_with_its_verdict_and_the_failures(tmp_path: Path, capsys) -> None:
+    """benchmarks/gpu_table.py on a hand-made OUT_DIR: the ratios worked out by hand, each goal met or missed."""
+    import gpu_table
+
+    out = _gpu_check_out(tmp_path / "out")
+    gpu_table.main([str(out)])
+    text = capsys.readouterr().out
+    assert text.startswith("GPU: **NVIDIA H100 80GB HBM3 (81559 MiB, 580.159.04)**")
+    # bf16 / fp32: 3000 / 1000 = 3.00 for MSN, 5000 / 5500 = 0.909 for MAE
+    assert "| MSN ViT-S/16 (`msn_vit_s16.yaml`) | 1,000 | 3,000 | 3.00x |" in text
+    assert "| MAE ViT-B/16 (`mae_vit_b16.yaml`) | 5,500 | 5,000 | 0.91x |" in text
+    assert "| MSN ViT-S/16 (`msn_vit_s16.yaml`) | bf16-mixed | 128 | 3,000 | 81.3 | 244.0 | 24.7 % | 12,346 |" in text
+    assert "| 14 | 3,300 | 3,000 | 1.10x | 4.50 | step |" in text
+    assert "| selfsup | 64 | 0.1000 | 640 | 5,206.0 | 10.0 % | 9,000 | 1.50x |" in text
+    goals = [line for line in text.splitlines() if line.startswith("| ") and line.endswith(("| met |", "| missed |",
+                                                                                           "| not measured |"))]
+    assert goals == [
+        "| MSN ViT-S/16 step >= 1.5x the authors' (bf16-mixed) | 1.50x | met |",  # exactly at the goal
+        "| MAE ViT-B/16 step >= 1.5x the authors' (bf16-mixed) | 1.25x | missed |",
+        "| MFU >= 40% for MAE ViT-B/16 in bf16-mixed | 41.0 % | met |",
+        "| bf16-mixed faster than fp32 for every config (the slowest ratio) | 0.91x | missed |",
+        "| loader >= 1.2x the step's images/s for ViT-S/16 | 1.10x | missed |",
+    ]
+    assert "- bench_mast5_resnet50_bf16: torch.OutOfMemoryError: CUDA out of memory" in text
+    (out / "sbs.jsonl").unlink()
+    assert "| MSN ViT-S/16 step >= 1.5x the authors' (bf16-mixed) |  | not measured |" in gpu_table.tables(out)
+    with pytest.raises(SystemExit):
+        gpu_table.main([str(tmp_path)])  # no bench.jsonl nor sbs.jsonl
+    assert "OUT_DIR of benchmarks/gpu_check.sh" in capsys.readouterr().err
+
+
+def test_anchors_cuda_arguments_and_a_clear_stop_without_the_authors_code(tmp_path: Path, capsys) -> None:
+    """benchmarks/anchors_cuda.py parses its arguments without the authors' code; asked for the authors' step
+    without it, it stops (exit 2) naming gpu_pack.sh, which unpacks that code."""
+    import anchors_cuda
+
+    with pytest.raises(SystemExit) as stop:
+        anchors_cuda.main(["--help"])
+    assert stop.value.code == 0 and "CPU numbers (--device cpu) test the script" in capsys.readouterr().out
+    missing = str(tmp_path / "no_authors")
+    with pytest.raises(SystemExit) as stop:
+        anchors_cuda.parse_args(["--authors", missing, "--configs", "mae_vit_b16"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "bash benchmarks/gpu_pack.sh" in err and f"{missing}/mae" in err
+    opts = anchors_cuda.parse_args(["--authors", missing, "--impls", "selfsup", "--precisions", "32-true,bf16-mixed",
+                                    "--device", "cpu"])
+    assert (opts.impl_list, opts.config_list, opts.precision_list) == (
+        ["selfsup"], ["msn_vit_s16", "mae_vit_b16"], ["32-true", "bf16-mixed"])
+    present = tmp_path / "authors"  # what gpu_pack.sh unpacks, as far as the check looks
+    for name in ("msn/src/msn_train.py", "mae/models_mae.py"):
+        (present / name).parent.mkdir(parents=True)
+        (present / name).touch()
+    assert anchors_cuda.parse_args(["--impls", "selfsup,authors", "--authors", str(present)]).impl_list == [
+        "authors", "selfsup"]  # the authors' step first: the other lines' speed is against it
+    for bad in (["--precisions", "16-mixed"], ["--image-size", "40"], ["--batch", "0"], ["--device", "mps"]):
+        with pytest.raises(SystemExit) as stop:
+            anchors_cuda.parse_args([*bad, "--impls", "selfsup"])
+        assert stop.value.code == 2, bad
+    with pytest.raises(SystemExit):
+        anchors_cuda.parse_args(["--impls", "theirs"])
+    assert "each must be one of authors, authors-sdpa, selfsup" in capsys.readouterr().err
+    # speed against the authors' line of the same config and precision: 0.3 s / 0.15 s = 2.0
+    authors = {"impl": "authors", "step_s_mean": 0.3}
+    assert anchors_cuda.with_ratio({"impl": "selfsup", "step_s_mean": 0.15}, authors)["speed_vs_authors"] == 2.0
+    assert "speed_vs_authors" not in anchors_cuda.with_ratio({"impl": "selfsup", "step_s_mean": 0.15},
+                                                             {**authors, "error": "out of memory"})
+
+
+def test_anchors_cuda_refuses_authors_settings_that_differ_from_the_config() -> None:
+    """Both sides must do the same work: the authors' MSN settings (their msn_vits16.yaml) against
+    configs/imagenet/msn_vit_s16.yaml; a different mask ratio or head stops the comparison."""
+    import anchors_cuda
+
+    opts = anchors_cuda.parse_args(["--impls", "selfsup", "--device", "cpu"])
+    theirs = {"mask_ratio": 0.15, "shared_mask": True, "num_prototypes": 1024, "projector": [2048, 2048, 256]}
+    anchors_cuda.same_work("msn_vit_s16", opts, theirs)
+    with pytest.raises(ValueError, match=r"mask_ratio theirs 0.3 ours 0.15, projector theirs \[1024, 1024, 256\]"):
+        anchors_cuda.same_work("msn_vit_s16", opts, {**theirs, "mask_ratio": 0.3, "projector": [1024, 1024, 256]})
