@@ -22,7 +22,8 @@ from selfsup.data.sampler import StepSampler
 from selfsup.data.stream import StreamedSplit, crop_batches, open_split
 from selfsup.methods.assemble import assemble_model
 from selfsup.launch import torch_threads, validate
-from selfsup.train.optim import build_optimizer, online_encoder
+from selfsup.train.optim import build_optimizer, fused_step, online_encoder
+from selfsup.train.speed import check_compile, compile_backbones, fp32_precision
 from selfsup.train.views import StepViews, build_view_groups, crop_specs, image_shape, normalization, views_maker
 
 
@@ -42,6 +43,16 @@ def bench(cfg: Config, steps: int = 10, warmup: int = 2) -> dict[str, Any]:
 def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
     t = cfg.trainer
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
+    if t.compile:
+        check_compile(device)  # before the data, as pretrain does
+    # The training loop's fast-step options, by the same functions: TF32 (trainer.tf32), compiled backbones
+    # (trainer.compile; the warm-up steps compile), fused Adam / AdamW on CUDA.
+    with fp32_precision(device, t.precision, t.tf32):
+        return _bench_on(cfg, device, steps, warmup)
+
+
+def _bench_on(cfg: Config, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
+    t = cfg.trainer
     data = open_split(cfg.data, cfg.data.train_split, channels=cfg.data.channels, fraction=cfg.data.fraction,
                       progress=False)
     streamed = isinstance(data, StreamedSplit)
@@ -50,8 +61,11 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
     view_groups = [group.to(device) for group in build_view_groups(cfg, size, mean, std)]
     # model.freeze applied: frozen blocks cost no backward pass and no optimiser step
     method = assemble_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
+    if t.compile:
+        compile_backbones(method, device)
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
-    optimizer = build_optimizer(method, cfg.optim, online_encoder(method))
+    optimizer = build_optimizer(method, cfg.optim, online_encoder(method), fused_step(device, t.precision,
+                                                                                     cfg.optim.clip_grad))
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
                 else torch.autocast(device.type, enabled=False))
@@ -110,6 +124,7 @@ def _bench(cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
                                    "augment_to_train_ratio": round(steps * t.batch_size / aug_time / train_ips, 2)}
     return {
         "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device), "precision": t.precision,
+        "compile": t.compile,
         "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
         "train_images_per_s": round(train_ips, 1), **augment, **loader,

@@ -605,8 +605,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return value
 
 
-# Trainer keys that one stage cannot change: the processes and the run directory are the whole run's.
-_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision", "budget")
+# Trainer keys that one stage cannot change: the processes, their fp32 precision and the run directory are the
+# whole run's.
+_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision", "tf32", "budget")
 
 
 @dataclass

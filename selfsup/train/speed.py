@@ -23,41 +23,38 @@ from selfsup.train.optim import online_encoder
 # TF32
 
 
-def tf32_precisions(device: torch.device, precision: str, allowed: bool) -> dict[str, str]:
-    """The fp32 precision of CUDA's matmuls and cuDNN's convolutions for a run: ``{}`` leaves torch's settings alone
-    (other devices; mixed or 16-bit precisions, whose matmuls autocast or store below fp32 anyway); on CUDA at
-    ``32-true``, ``"tf32"`` for both where ``trainer.tf32`` allows it (the DINOv2 scripts set
-    ``torch.backends.cuda.matmul.allow_tf32 = True``; cuDNN's convolutions are TF32 by torch's default), else
-    ``"ieee"`` for both (full fp32, the opt-out).
+def tf32_settings(device: torch.device, precision: str, allowed: bool) -> dict[str, bool]:
+    """Whether CUDA's matmuls (``"matmul"``) and cuDNN's convolutions (``"cudnn"``) may use TF32 in a run: ``{}``
+    leaves torch's settings alone (other devices; mixed or 16-bit precisions, whose matmuls autocast or store below
+    fp32 anyway); on CUDA at ``32-true``, True for both where ``trainer.tf32`` allows it (the DINOv2 scripts set
+    ``torch.backends.cuda.matmul.allow_tf32 = True``; torch allows TF32 in cuDNN's convolutions by default), else
+    False for both (full fp32: the opt-out).
 
-    Only the CUDA back-ends are set: ``torch.set_float32_matmul_precision("high")`` would also switch oneDNN's CPU
-    matmuls to TF32 (torch 2.13 sets ``torch.backends.mkldnn.matmul.fp32_precision`` with it), changing CPU results
-    on processors that have it."""
+    The CUDA back-ends' own flags, not ``torch.set_float32_matmul_precision("high")``: in torch 2.13 that also
+    switches oneDNN's CPU matmuls to TF32 (``torch.backends.mkldnn.matmul.fp32_precision``), which would change CPU
+    results on processors that have it. And their ``allow_tf32`` flags rather than the newer ``fp32_precision``
+    ones: after those are set for one back-end, ``torch.get_float32_matmul_precision()`` (which Lightning and
+    inductor's cache call) raises on the mix."""
     if torch.device(device).type != "cuda" or precision != "32-true":
         return {}
-    value = "tf32" if allowed else "ieee"
-    return {"cuda.matmul": value, "cudnn.conv": value}
+    return {"matmul": allowed, "cudnn": allowed}
 
 
-def _backend(name: str):  # "cuda.matmul" -> torch.backends.cuda.matmul
-    module = torch.backends
-    for part in name.split("."):
-        module = getattr(module, part)
-    return module
+_TF32_FLAGS = {"matmul": torch.backends.cuda.matmul, "cudnn": torch.backends.cudnn}
 
 
 @contextlib.contextmanager
 def fp32_precision(device: torch.device, precision: str, allowed: bool) -> Iterator[None]:
-    """:func:`tf32_precisions` set for the block and put back after it (a Python caller's process keeps its own)."""
-    settings = tf32_precisions(device, precision, allowed)
-    before = {name: _backend(name).fp32_precision for name in settings}
+    """:func:`tf32_settings` set for the block and put back after it (a Python caller's process keeps its own)."""
+    settings = tf32_settings(device, precision, allowed)
+    before = {name: _TF32_FLAGS[name].allow_tf32 for name in settings}
     for name, value in settings.items():
-        _backend(name).fp32_precision = value
+        _TF32_FLAGS[name].allow_tf32 = value
     try:
         yield
     finally:
         for name, value in before.items():
-            _backend(name).fp32_precision = value
+            _TF32_FLAGS[name].allow_tf32 = value
 
 
 # ----------------------------------------------------------------------------------------------
