@@ -16,7 +16,7 @@ from torch import nn
 
 from selfsup.config import ConfigError
 from selfsup.models.resnet import ResNet
-from selfsup.models.vit import VisionTransformer
+from selfsup.models.vit import DropPath, VisionTransformer
 from selfsup.train.optim import online_encoder
 
 # ----------------------------------------------------------------------------------------------
@@ -89,8 +89,15 @@ def compile_regions(backbone: nn.Module) -> list[nn.Module]:
     residual blocks, through which every entry point the methods call passes (``forward``, ``forward_features``,
     ``forward_tokens``, ``forward_feature_map``; compiling the backbone's ``__call__`` would reach ``forward``
     only), each compiled once and reused by the blocks of its kind (torch's "regional compilation", which also
-    compiles in a fraction of the time of the whole network); any other backbone (timm's, a user's) whole."""
+    compiles in a fraction of the time of the whole network); any other backbone (timm's, a user's) whole.
+
+    A ViT with stochastic depth gives each block its own drop rate, a constant that a compiled block is specialised
+    on: twelve blocks would compile twelve times, past torch's limit of 8 (the rest then run uncompiled). There the
+    blocks' attention and MLP are compiled instead (the same for every block), the residual sums and drop paths
+    left as they are."""
     if isinstance(backbone, VisionTransformer):
+        if any(isinstance(block.drop_path, DropPath) for block in backbone.blocks):
+            return [*(part for block in backbone.blocks for part in (block.attn, block.mlp)), *backbone.ca_blocks]
         return [*backbone.blocks, *backbone.ca_blocks]
     if isinstance(backbone, ResNet):
         return [block for name, stage in backbone.named_children() if name.startswith("layer") for block in stage]
