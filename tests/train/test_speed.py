@@ -167,15 +167,28 @@ def test_compile_covers_the_student_and_the_ema_teacher_in_place_keeping_the_sta
 # ------------------------------------------------------------------ trainer.compile: the same step (slow: compiles)
 
 
+@pytest.fixture
+def compiling():
+    """Inductor points its compiled modules at a pointer through an environment variable it sets when it loads
+    one; put back after the test as the process had it."""
+    name = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+    before = os.environ.get(name)
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+
+
 def _loss_and_grads(method: nn.Module, views: list[torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
     method.zero_grad(set_to_none=True)
     out = method(views)
     out.loss.backward()
-    return float(out.loss), {n: p.grad.double() for n, p in method.named_parameters() if p.grad is not None}
+    return float(out.loss.detach()), {n: p.grad.double() for n, p in method.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.slow  # inductor compiles the blocks with a C++ compiler: about a minute without its cache
-def test_a_compiled_step_gives_the_eager_loss_and_gradients_to_fp32_rounding() -> None:
+def test_a_compiled_step_gives_the_eager_loss_and_gradients_to_fp32_rounding(compiling) -> None:
     """DINO on a tiny ViT (student and EMA teacher compiled), one step. The reference is the eager step in float64;
     fp32 eager and fp32 compiled both differ from it by rounding (the same sums in another order, fused kernels),
     so the compiled step must be as close to it as the eager fp32 step is: within 4x the eager fp32 error, plus
@@ -225,16 +238,17 @@ def _form(run: Path) -> tuple:
 
 
 @pytest.mark.slow  # compiles a ResNet's blocks: about a minute without inductor's cache
-def test_compiled_and_eager_runs_resume_each_other_and_export_the_same_files(tmp_path, monkeypatch) -> None:
+def test_compiled_and_eager_runs_resume_each_other_and_export_the_same_files(tmp_path, monkeypatch,
+                                                                            compiling) -> None:
     (tmp_path / "tiny.yaml").write_text(tiny_yaml(trainer={"max_steps": 4, "checkpoint_every_steps": 100,
                                                            "log_every_steps": 1, "accelerator": "cpu"}))
-    config = str(tmp_path / "tiny.yaml")
+    config, build = str(tmp_path / "tiny.yaml"), loop.build_optimizer
     assert main(["pretrain", config, f"trainer.out={tmp_path / 'eager'}"]) == 0
     for first, then in [("true", "false"), ("false", "true")]:
         run = tmp_path / f"compile_{first}_then_{then}"
         _interrupted(monkeypatch, at=2)
         assert main(["pretrain", config, f"trainer.out={run}", f"trainer.compile={first}"]) == 130  # SIGINT
-        monkeypatch.undo()
+        monkeypatch.setattr(loop, "build_optimizer", build)
         assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 2
         assert main(["pretrain", str(run), f"trainer.compile={then}"]) == 0  # a resumable change, recorded
         assert f"trainer.compile: {first.title()} -> {then.title()}" in (run / "config_changes.log").read_text()
@@ -242,3 +256,46 @@ def test_compiled_and_eager_runs_resume_each_other_and_export_the_same_files(tmp
         reference = load_file(tmp_path / "eager" / "backbone.safetensors")
         for name, value in load_file(run / "backbone.safetensors").items():  # fp32 rounding apart, the same weights
             torch.testing.assert_close(value, reference[name], rtol=1e-3, atol=1e-4)
+
+
+# ------------------------------------------------------------------ SELFSUP_SYNC_DEBUG
+
+
+@pytest.mark.parametrize("value, device, mode", [(None, CUDA, None), ("", CUDA, None), ("warn", CUDA, "warn"),
+                                                 ("ERROR", CUDA, "error"), ("0", CUDA, None),
+                                                 ("warn", CPU, None)])  # torch.cuda's mode: CUDA only
+def test_sync_debug_is_opt_in_by_environment_on_cuda(monkeypatch, value, device, mode) -> None:
+    if value is None:
+        monkeypatch.delenv(speed.SYNC_DEBUG, raising=False)
+    else:
+        monkeypatch.setenv(speed.SYNC_DEBUG, value)
+    assert speed.sync_debug_mode(device) == mode
+
+
+def test_a_bad_sync_debug_value_is_a_config_error(monkeypatch) -> None:
+    monkeypatch.setenv(speed.SYNC_DEBUG, "loud")
+    with pytest.raises(ConfigError, match="SELFSUP_SYNC_DEBUG='loud': use warn or error"):
+        speed.sync_debug_mode(CPU)
+
+
+def test_the_loop_debugs_syncs_in_the_steps_that_log_and_save_nothing(tmp_path, monkeypatch) -> None:
+    """With the switch on, each step (views, step, bookkeeping) runs in torch.cuda's sync debug mode, except those
+    after which a row is logged, a monitor runs, a checkpoint or a snapshot is written (they read on purpose)."""
+    import contextlib
+
+    modes: list[str | None] = []
+
+    @contextlib.contextmanager
+    def recorded(mode):
+        modes.append(mode)
+        yield
+
+    monkeypatch.setattr(loop, "sync_debug_mode", lambda device: "warn")
+    monkeypatch.setattr(loop, "sync_debug", recorded)
+    (tmp_path / "tiny.yaml").write_text(tiny_yaml(trainer={"max_steps": 9, "log_every_steps": 4,
+                                                           "checkpoint_every_steps": 6, "export_every_steps": 7},
+                                                  monitor={"collapse_every_steps": 5, "knn_every_steps": 0}))
+    assert main(["pretrain", str(tmp_path / "tiny.yaml"), f"trainer.out={tmp_path / 'run'}"]) == 0
+    quiet = [step for step, mode in enumerate(modes, start=1) if mode == "warn"]
+    # rows after steps 4, 8 and 9 (the last), the collapse monitor after 5, a checkpoint after 6, a snapshot after 7
+    assert len(modes) == 9 and quiet == [1, 2, 3]

@@ -63,8 +63,9 @@ class DeviceReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         inputs = [a for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)]
         followed = any(on_device(a) for a in inputs)
-        if followed and (func.overloadpacket in READS or func.overloadpacket in BOOLEAN_INDEXING and any(
-                a.dtype in (torch.bool, torch.uint8) for a in tree_flatten(args[1:2])[0] if isinstance(a, torch.Tensor))):
+        indices = [a for a in tree_flatten(args[1:2])[0] if isinstance(a, torch.Tensor)]  # index ops' indices
+        masked = func.overloadpacket in BOOLEAN_INDEXING and any(a.dtype in (torch.bool, torch.uint8) for a in indices)
+        if followed and (func.overloadpacket in READS or masked):
             self.read(str(func))
         out = func(*args, **(kwargs or {}))
         if followed:
@@ -103,7 +104,8 @@ def device_reads(monkeypatch) -> DeviceReads:
 
 # The instrument first: each way of reading a followed tensor is counted, a read of a host tensor is not.
 DEVICE_READS = {"item": lambda y: y.sum().item(), "float": lambda y: float(y[0]), "int": lambda y: int(y.argmax()),
-                "bool": lambda y: bool(y.sum() > 0), "if": lambda y: 1 if y[0] > 0 else 0, "tolist": lambda y: y.tolist(),
+                "bool": lambda y: bool(y.sum() > 0), "if": lambda y: 1 if y[0] > 0 else 0,
+                "tolist": lambda y: y.tolist(),
                 "numpy": lambda y: y.detach().numpy(), "cpu": lambda y: y.cpu(), "mask": lambda y: y[y > 0],
                 "nonzero": lambda y: y.nonzero(), "unique": lambda y: y.unique(),
                 "moved": lambda y: int(torch.arange(3).to("cpu").max())}  # .to(device): on the device from there
@@ -151,7 +153,8 @@ def tiny_run(path: Path, out: Path, *overrides: str):
     cfg = load_config(path, common)
     if cfg.model.backbone.startswith("vit"):
         params = {k: v for k, v in cfg.model.params.items() if not k.startswith("conv_stem")}
-        model = ["model.backbone=vit_custom", f"model.params={yaml.safe_dump({**params, **TINY_VIT}, default_flow_style=True).strip()}"]
+        tiny = yaml.safe_dump({**params, **TINY_VIT}, default_flow_style=True).strip()
+        model = ["model.backbone=vit_custom", f"model.params={tiny}"]
     else:
         model = ["model.backbone=resnet_custom", "model.params={block: basic, layers: [1], width: 4, small_stem: true}"]
     return load_config(path, [*common, *model, *(["method.queue_size=128"] if cfg.method["name"] == "nnclr" else [])])
