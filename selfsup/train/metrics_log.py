@@ -153,9 +153,11 @@ class TrainingLog:
         return self.knn_monitor is not None and (step % self.knn_every == 0 or step == self.total_steps)
 
     def due(self, step: int) -> bool:
-        """Whether :meth:`record` records anything after ``step`` steps (a row, a monitor): the only steps at which it
-        reads the step's values from the device."""
-        return self.row_due(step) or self._collapse_due(step) or self._knn_due(step)
+        """Whether :meth:`record` may record anything after ``step`` steps (a row, a monitor): the only steps at which
+        it reads the step's values from the device. The same on every process (the kNN monitor is the main
+        process's only: its setting decides, not its presence), so that they all act on it together."""
+        knn = bool(self.knn_every) and (step % self.knn_every == 0 or step == self.total_steps)
+        return self.row_due(step) or self._collapse_due(step) or knn
 
     def record(self, step: int, lr: float, out: Any, clock: TrainClock, backbone: nn.Module, device: torch.device,
                unreadable: int | None) -> None:
