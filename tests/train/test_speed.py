@@ -115,13 +115,14 @@ def test_compile_where_it_cannot_work_is_a_config_error_naming_what_is_missing(m
         speed.check_compile(device)
 
 
-def test_pretrain_with_compile_on_a_machine_without_a_compiler_exits_2_before_the_data(tmp_path, monkeypatch,
-                                                                                        capsys) -> None:
+@pytest.mark.parametrize("command", ["pretrain", "bench"])
+def test_compile_on_a_machine_without_a_compiler_exits_2_before_the_data(tmp_path, monkeypatch, capsys,
+                                                                         command) -> None:
     import torch._inductor.cpp_builder
 
     monkeypatch.setattr(torch._inductor.cpp_builder, "get_cpp_compiler", _no_compiler)
     (tmp_path / "tiny.yaml").write_text(tiny_yaml())
-    code = main(["pretrain", str(tmp_path / "tiny.yaml"), f"trainer.out={tmp_path / 'run'}", "trainer.compile=true",
+    code = main([command, str(tmp_path / "tiny.yaml"), f"trainer.out={tmp_path / 'run'}", "trainer.compile=true",
                  "data.dataset=cifar10", "data.root=/nonexistent"])  # data it would fail on: never reached
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
