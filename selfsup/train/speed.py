@@ -105,15 +105,17 @@ def compile_regions(backbone: nn.Module) -> list[nn.Module]:
 
 
 def compile_backbones(method: nn.Module, device: torch.device) -> int:
-    """``trainer.compile``: compile, in place (``nn.Module.compile``), the regions (:func:`compile_regions`) of
-    every backbone of ``method``: the trained encoder, the exported backbone and their copies (an EMA teacher's),
-    found as the modules of their class. In place, the state dict keeps its names (no ``_orig_mod.``): a compiled
-    run's checkpoints resume without compiling and the other way round, and exports are the same files. Returns how
-    many modules were compiled."""
+    """``trainer.compile``: compile, in place (``nn.Module.compile``), the regions (:func:`compile_regions`) of the
+    backbones of ``method``: the trained encoder, the exported backbone and, for selfsup's ViT and ResNet, every
+    copy of them in the method (an EMA teacher's: the modules of their class). In place, the state dict keeps its
+    names (no ``_orig_mod.``): a compiled run's checkpoints resume without compiling and the other way round, and
+    exports are the same files. Returns how many modules were compiled."""
     check_compile(device)
-    kinds = {type(online_encoder(method)), type(method.backbone)}
-    regions = [region for module in method.modules() if type(module) in kinds for region in compile_regions(module)]
-    for region in regions:
+    backbones = [online_encoder(method), method.backbone]
+    ours = {type(b) for b in backbones if isinstance(b, (VisionTransformer, ResNet))}
+    copies = [module for module in method.modules() if type(module) in ours]
+    regions = {id(r): r for b in [*backbones, *copies] for r in compile_regions(b)}  # each once
+    for region in regions.values():
         region.compile()
     return len(regions)
 
