@@ -21,11 +21,11 @@
 # Time plan on an H100. The FLOPs of a step (forward and backward, `selfsup bench`'s count) per image: MSN ViT-S/16
 # 81 (1 target + 1 masked anchor at 224 px, 10 focal views at 96), MAE ViT-B/16 59, MAST-5 ResNet-50 99 (two 224 px
 # views, the 8192-wide trunk on the 7x7 map). At ~300 TFLOP/s in bf16 a step of the batches below takes 35-50 ms; in
-# fp32 (no TF32 unless torch is told, ~40 TFLOP/s) 260-380 ms. So 24 steps take 1-9 s, and a bench's ~25 s are
+# fp32 (TF32 matmuls, trainer.tf32's default; ~40 TFLOP/s if it is turned off) up to 260-380 ms. So 24 steps take 1-9 s, and a bench's ~25 s are
 # mostly start-up (imports, CUDA context, building the model, counting FLOPs):
 #   install + env 15 s | bench bf16 x3 75 s | side by side bf16 (5 steps built, 20 s each) 100 s | loader 60 s |
 #   bench fp32 x3 100 s | CUDA + FLOP tests <= 120 s | SDPA / compile tests <= 60 s | compiled MSN (once
-#   trainer.compile exists) ~120 s | side by side fp32 ~100 s: ~750 s if all ran, so the budget decides how far the
+#   trainer.compile exists) ~120 s | sync debug 60 s | side by side fp32 ~100 s: ~810 s if all ran, so the budget decides how far the
 #   last steps get. The goals' measurements come first, the tests after them, the fp32 side by side ("if time
 #   allows") last.
 # Batches, by memory: what a step keeps for its backward is ~16 floats per token per block (attention through
@@ -156,6 +156,16 @@ run pytest_sdpa_compile 60 "$PY" -m pytest -q -p no:cacheprovider tests -k "sdpa
 # 6. With the time left: torch.compile on MSN (if this selfsup has it), then the side by side in fp32.
 [ "$COMPILE" = 1 ] && BENCH_TIMEOUT=180 bench bench_msn_vit_s16_bf16_compile msn_vit_s16 bf16-mixed --synthetic \
     trainer.compile=true
+# 7. Host-device synchronisations left inside the step: 30 steps of MSN on the photos with SELFSUP_SYNC_DEBUG=warn
+#    (torch.cuda.set_sync_debug_mode in the steps that log and save nothing, selfsup/train/speed.py); sync_debug.log
+#    holds a warning per synchronising place, their count on its last line.
+small=(); [ "$DRY" = 1 ] && read -r -d '' -a small <<< "${SMALL[msn_vit_s16]}"
+run sync_debug 120 env SELFSUP_SYNC_DEBUG=warn "${SELFSUP[@]}" pretrain configs/imagenet/msn_vit_s16.yaml \
+    data.root="$SCRATCH/photos" data.stream=true data.num_workers="$WORKERS" trainer.precision=bf16-mixed \
+    trainer.batch_size="$([ "$DRY" = 1 ] && echo 2 || echo 64)" trainer.max_steps=30 trainer.log_every_steps=10 \
+    trainer.progress=false trainer.out="$SCRATCH/sync_debug" "${DEV[@]}" "${small[@]}"
+[ -f "$OUT/sync_debug.log" ] && echo "synchronising places: $(grep -c 'called a synchronizing CUDA operation' \
+    "$OUT/sync_debug.log")" | tee -a "$OUT/sync_debug.log" "$OUT/steps.log"
 run sbs_fp32 240 "$PY" benchmarks/anchors_cuda.py --precisions 32-true "${SBS[@]}" --out "$OUT/sbs.jsonl"
 note "done in $(( $(date +%s) - S ))s; tables: $PY benchmarks/gpu_table.py $OUT"
 rm -rf "$SCRATCH"

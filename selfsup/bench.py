@@ -42,7 +42,8 @@ from selfsup.data.stream import StreamedSplit, crop_batches, open_split
 from selfsup.flops import achieved_tflops, compute_precision, count_flops, device_peak
 from selfsup.methods.assemble import assemble_model
 from selfsup.launch import torch_threads, validate
-from selfsup.train.optim import build_optimizer, online_encoder
+from selfsup.train.optim import build_optimizer, fused_step, online_encoder
+from selfsup.train.speed import check_compile, compile_backbones, fp32_precision
 from selfsup.train.views import build_view_groups, crop_specs, image_shape, normalization, views_from_crops, views_maker
 
 
@@ -85,6 +86,16 @@ def _significant(x: float) -> float:
 def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, Any]:
     t = cfg.trainer
     device = torch.device("cuda" if t.accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available() else "cpu")
+    if t.compile:
+        check_compile(device)  # before the data, as pretrain does
+    # The training loop's fast-step options, by the same functions: TF32 (trainer.tf32), compiled backbones
+    # (trainer.compile; the warm-up steps compile), fused Adam / AdamW on CUDA.
+    with fp32_precision(device, t.precision, t.tf32):
+        return _bench_on(cfg, device, steps, warmup, synthetic)
+
+
+def _bench_on(cfg: Config, device: torch.device, steps: int, warmup: int, synthetic: bool) -> dict[str, Any]:
+    t = cfg.trainer
     if synthetic:
         data: ImageData | StreamedSplit = synthetic_split(cfg.data, t.batch_size)
         streamed = cfg.data.stream is True and cfg.data.dataset in STREAMABLE  # auto: in memory, without a count
@@ -98,7 +109,8 @@ def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, A
     # model.freeze applied: frozen blocks cost no backward pass and no optimiser step
     method = assemble_model(cfg, channels, size, total_steps=steps + warmup)[1].to(device).train()
     memory_format = torch.channels_last if t.channels_last else torch.contiguous_format
-    optimizer = build_optimizer(method, cfg.optim, online_encoder(method))
+    optimizer = build_optimizer(method, cfg.optim, online_encoder(method), fused_step(device, t.precision,
+                                                                                     cfg.optim.clip_grad))
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if "bf16" in t.precision
                 else torch.autocast(device.type, dtype=torch.float16) if "16" in t.precision
                 else torch.autocast(device.type, enabled=False))
@@ -154,6 +166,8 @@ def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, A
 
     flops = count_flops(forward_backward)
     optimizer.zero_grad(set_to_none=True)
+    if t.compile:  # after the count: the counter sees the eager ops (the same FLOPs); the warm-up steps compile
+        compile_backbones(method, device)
 
     # Full training step: views (augmentation in memory, photometric ops when streamed) + forward + backward +
     # optimiser (+ EMA).
@@ -185,6 +199,7 @@ def _bench(cfg: Config, steps: int, warmup: int, synthetic: bool) -> dict[str, A
     achieved = achieved_tflops(flops, steps, step_time)
     return {
         "method": cfg.method["name"], "backbone": cfg.model.backbone, "device": str(device), "precision": t.precision,
+        "compile": t.compile,
         "threads": torch.get_num_threads(), "batch_size": t.batch_size, "views": sum(group.num for group in view_groups),
         "image_size": size, "channels": channels, "steps": steps,
         "data": "synthetic" if synthetic else "streamed" if streamed else "memory",

@@ -243,6 +243,14 @@ class TrainerConfig:
     precision: Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"] = "32-true"
     sync_batchnorm: bool = True  # convert BatchNorm to SyncBatchNorm when world size > 1
     channels_last: bool = True  # NHWC memory format: 2-4x faster convolutions on CPU (oneDNN)
+    # torch.compile the backbones the step runs (the student's, an EMA teacher's), block by block: a ViT's blocks, a
+    # ResNet's residual blocks, any other backbone whole; in place, so checkpoints, exports and resumes keep the same
+    # names. The first steps compile (tens of seconds); needs Triton on CUDA, a C++ compiler on the CPU
+    # (selfsup.train.speed).
+    compile: bool = False
+    # With precision 32-true on CUDA: matmuls and convolutions in TF32 (fp32 range, 10-bit mantissa), as the DINOv2
+    # scripts allow; false keeps them in full fp32. No effect on other devices or precisions.
+    tf32: bool = True
     seed: Seed = 0
     # torch intra-op threads on CPU; None = torch default
     num_threads: Annotated[int, Range(ge=1, le=1024)] | None = None
@@ -597,8 +605,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return value
 
 
-# Trainer keys that one stage cannot change: the processes and the run directory are the whole run's.
-_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision", "budget")
+# Trainer keys that one stage cannot change: the processes, their fp32 precision and the run directory are the
+# whole run's.
+_RUN_WIDE = ("out", "accelerator", "devices", "num_nodes", "strategy", "precision", "tf32", "budget")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from selfsup.train.loggers import check_loggers
 from selfsup.train.loop import Plugins, train
 from selfsup.train.run_dir import run_lock
 from selfsup.train.signals import TrainingInterrupted
+from selfsup.train.speed import fp32_precision
 from selfsup.train.stages import train_stages
 
 log = logging.getLogger("selfsup")
@@ -111,7 +112,7 @@ def _pretrain(cfg: Config, allow_optim_change: bool) -> Path:
     if fabric.global_rank == 0:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
-        with run_lock(fabric, Path(t.out)):
+        with run_lock(fabric, Path(t.out)), fp32_precision(fabric.device, t.precision, t.tf32):
             if cfg.stages:
                 train_stages(fabric, cfg, PLUGINS, allow_optim_change)
             else:

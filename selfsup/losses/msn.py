@@ -110,7 +110,8 @@ def msn_loss(anchor_similarities: torch.Tensor, target_similarities: torch.Tenso
     ce = -(targets.repeat(rows // batch, 1) * log_p).sum(dim=1).mean()
     mean_probs = all_reduce_mean_with_grad(log_p.exp().mean(dim=0))
     reg = me_max(mean_probs)
-    used = gather_no_grad(targets.argmax(dim=1)).unique().numel()
+    # distinct argmax prototypes, counted on the device (unique() has a data-dependent size: a read to the host)
+    used = torch.zeros(k, device=targets.device).index_fill_(0, gather_no_grad(targets.argmax(dim=1)), 1.0).sum()
     terms = {"ce": ce.detach(), "me_max": reg.detach(), "mean_entropy": math.log(k) - reg.detach(),
-             "prototypes_used": torch.tensor(float(used))}
+             "prototypes_used": used}
     return ce + memax_weight * reg, terms

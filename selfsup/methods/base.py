@@ -77,6 +77,30 @@ class MethodBase(nn.Module):
     def after_carry_over(self) -> None:
         """Once, when a stage starts from another method's weights (EMA copies restart from the carried weights)."""
 
+    # A step count for the method's own schedules (DINO's and iBOT's teacher temperature, their frozen last layer)
+
+    def register_step_count(self) -> None:
+        """Give the method a ``steps_done`` buffer, saved with its weights (a resumed run continues its schedules),
+        and the same count on the host (:meth:`steps_done_now`, :meth:`count_step`): the schedules index with it
+        at every step, and reading the buffer would make the host wait for the device's work each time. The host's
+        count is read from the buffer when a state dict is loaded (a resume, a carried stage), before training."""
+        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+        self._steps_done = 0
+        self.register_load_state_dict_post_hook(_read_step_count)
+
+    def steps_done_now(self) -> int:
+        """The optimiser steps taken, as counted on the host."""
+        return self._steps_done
+
+    def count_step(self, step: int) -> None:
+        """After optimiser step ``step`` (from 0): ``step + 1`` steps done, in the buffer and on the host."""
+        self.steps_done.fill_(step + 1)
+        self._steps_done = step + 1
+
+
+def _read_step_count(method: MethodBase, _incompatible_keys: Any) -> None:
+    method._steps_done = int(method.steps_done)
+
 
 class MethodConfig:
     """What every method's config dataclass shares: the checks the launcher runs on it, each a no-op unless the

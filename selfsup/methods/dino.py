@@ -85,7 +85,7 @@ class DINO(MethodBase):
                                                      round(cfg.teacher_temperature_warmup * total_steps),
                                                      cfg.warmup_teacher_temperature)
         self.freeze_last_layer_steps = round(cfg.freeze_last_layer * total_steps)
-        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))  # saved: resumes the schedules
+        self.register_step_count()  # saved: resumes the schedules
         if isinstance(backbone, VisionTransformer):
             self.teacher.module[0].pool = cfg.eval_pool  # its forward() is the evaluated feature (monitors, export)
             self.export_params = {"pool": cfg.eval_pool}
@@ -102,13 +102,13 @@ class DINO(MethodBase):
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         c = self.cfg
-        step = min(int(self.steps_done), len(self.teacher_temperature) - 1)
+        step = min(self.steps_done_now(), len(self.teacher_temperature) - 1)
         global_views = views[:2]
         with torch.no_grad():
             teacher_encoder, teacher_head = self.teacher.module
             teacher_logits = teacher_head(trained_feature(teacher_encoder, torch.cat(global_views))).chunk(2)
         features = torch.cat(run_by_size(lambda x: trained_feature(self.encoder, x), views))
-        frozen = int(self.steps_done) < self.freeze_last_layer_steps
+        frozen = self.steps_done_now() < self.freeze_last_layer_steps
         student_logits = self.head(features, freeze_last_layer=frozen).chunk(len(views))
         loss, terms = dino_loss(list(student_logits), list(teacher_logits), self.centre, c.student_temperature,
                                 float(self.teacher_temperature[step]))
@@ -118,7 +118,7 @@ class DINO(MethodBase):
     def after_step(self, step: int) -> None:
         """EMA update of the teacher, ``theta_t <- l theta_t + (1 - l) theta_s``; the step count for the schedules."""
         self.teacher.step(step, self.student)
-        self.steps_done.fill_(step + 1)
+        self.count_step(step)
 
     def after_carry_over(self) -> None:
         """A stage that starts from another's weights starts its teacher from them (their teacher = student at 0)."""

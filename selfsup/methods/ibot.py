@@ -97,14 +97,14 @@ class IBOT(MethodBase):
         self.teacher_patch_temperature = constant_schedule(cfg.teacher_patch_temperature, total_steps, warmup,
                                                            cfg.warmup_teacher_patch_temperature)
         self.freeze_last_layer_steps = round(cfg.freeze_last_layer * total_steps)
-        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+        self.register_step_count()  # saved: resumes the schedules
         self.teacher.module[0].pool = cfg.eval_pool
         self.export_params = {"pool": cfg.eval_pool}
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         c = self.cfg
-        step = min(int(self.steps_done), len(self.teacher_temperature) - 1)
-        frozen = int(self.steps_done) < self.freeze_last_layer_steps
+        step = min(self.steps_done_now(), len(self.teacher_temperature) - 1)
+        frozen = self.steps_done_now() < self.freeze_last_layer_steps
         global_views, local_views = torch.cat(views[:2]), views[2:]
         batch = len(views[0])
         grid = self.encoder.grid_for(*global_views.shape[2:])
@@ -131,4 +131,4 @@ class IBOT(MethodBase):
     def after_step(self, step: int) -> None:
         """EMA update of the teacher (ViT and head; the mask token is the student's only); the schedules' step."""
         self.teacher.step(step, self.student)
-        self.steps_done.fill_(step + 1)
+        self.count_step(step)

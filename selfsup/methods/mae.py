@@ -106,10 +106,12 @@ class MAE(MethodBase):
             raise ValueError(f"MAE reconstructs the {self.decoder.grid} patch grid of the training size; got images "
                              f"of {x.shape[2]}x{x.shape[3]} (set the views' size to data.image_size)")
         patches = grid[0] * grid[1]
-        keep = random_keep_indices(len(x), patches, self.cfg.mask_ratio, device=x.device)
+        keep = random_keep_indices(len(x), patches, self.cfg.mask_ratio)  # drawn on the CPU, as with device=
+        masked = keep_to_mask(keep, patches).to(x.device)  # checked and made on the CPU: no read of the device
+        keep = keep.to(x.device)
         latent = self.encoder.forward_tokens(x, keep)
         prediction = self.decoder(latent, keep, has_cls=self.encoder.cls_token is not None)
-        return prediction, patchify(x, self.encoder.patch_size), keep_to_mask(keep, patches)
+        return prediction, patchify(x, self.encoder.patch_size), masked
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
         losses = []

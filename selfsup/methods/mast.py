@@ -99,6 +99,7 @@ class MAST(MethodBase):
             len(cfg.ops), max(total_steps, 1), cfg.first_stage)), persistent=False)
         self.augment: LabelledAugment | None = None
         self.active: torch.Tensor | None = None  # (B, K) of the pairs made by the last make_views
+        self.drawn_ops: list[bool] | None = None  # per op: does a pair of the last make_views have it (labels drawn)
 
     @property
     def masks(self) -> torch.Tensor:
@@ -133,6 +134,9 @@ class MAST(MethodBase):
         enabled = torch.zeros(len(images), len(self.augment.ops), dtype=torch.bool)
         enabled[:, self.op_columns] = active
         (view_a, applied_a), (view_b, applied_b) = (self.augment(images, enabled) for _ in range(2))
+        # which ops a pair has, known here on the host for the drawn labels (made on the CPU): the diagnostics name
+        # them without reading the device (the applied labels are the augmentation's, on the device)
+        self.drawn_ops = active.any(dim=0).tolist() if self.cfg.labels == "drawn" else None
         if self.cfg.labels == "applied":
             active = (applied_a | applied_b)[:, self.op_columns]
         self.active = active.to(images.device)
@@ -162,8 +166,8 @@ class MAST(MethodBase):
         out = {"mask_mean": self.masks.mean(), "mask_dead": (self.mask_params <= 0).float().mean(),
                "sigma_trace": trace.mean()}
         active = self.active.to(trace.dtype)
+        has_op = self.drawn_ops if self.drawn_ops is not None else self.active.any(dim=0).tolist()
         for k, op in enumerate(self.cfg.ops):
-            drawn = active[:, k].sum()
-            if drawn > 0:
-                out[f"uncertainty_{op}"] = (trace * active[:, k]).sum() / drawn
+            if has_op[k]:
+                out[f"uncertainty_{op}"] = (trace * active[:, k]).sum() / active[:, k].sum()
         return out

@@ -32,10 +32,11 @@ from selfsup.report.method_figures import has_figures
 from selfsup.train.budget import BUDGET_FILE, MAX_TIMED, WARMUP_STEPS, Calibration, budget_steps, read_budget, record, \
     record_elapsed
 from selfsup.train.metrics_log import KNNAccuracy
-from selfsup.train.optim import build_optimizer, online_encoder
+from selfsup.train.optim import build_optimizer, fused_step, online_encoder
 from selfsup.train.run_dir import RunDir, carried_weights
 from selfsup.train.schedules import lr_wd_schedules, run_steps, scaled_lr, warmup_steps
 from selfsup.train.signals import StopSignals, TrainingInterrupted, reduced
+from selfsup.train.speed import check_compile, compile_backbones, sync_debug, sync_debug_mode
 from selfsup.train.views import StepViews, build_view_groups, image_shape, normalization, sample_images
 
 log = logging.getLogger("selfsup")
@@ -63,6 +64,9 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     (a later stage of a run: an error would stop the run after the stages before it), with a warning."""
     t, o, is_main = cfg.trainer, cfg.optim, fabric.global_rank == 0
     run = RunDir(fabric, cfg, allow_optim_change)  # config compatibility is checked before touching the data
+    if t.compile:
+        check_compile(fabric.device)  # before the data: a platform that cannot compile is told at once
+    sync_mode = sync_debug_mode(fabric.device)
     carried_state = carried_weights(carried) if run.state is None and carried is not None else None
 
     # Data: the pretraining split decoded into memory (uint8), or listed and streamed from its files.
@@ -93,7 +97,9 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     params, method = plugins.build_model(build_cfg, channels, image_size, schedule_steps, carried_state,
                                          log if is_main else None)
     method = sync_batchnorm(fabric, method) if t.sync_batchnorm else method
-    optimizer = build_optimizer(method, o, online_encoder(method))
+    if t.compile:
+        compile_backbones(method, fabric.device)
+    optimizer = build_optimizer(method, o, online_encoder(method), fused_step(fabric.device, t.precision, o.clip_grad))
     warmup = warmup_steps(o, total_steps, sampler.steps_per_epoch)
     lr_schedule, wd_schedule = lr_wd_schedules(o, scaled_lr(o, t.batch_size), schedule_steps, warmup)
     raw_method, (method, optimizer) = method, fabric.setup(method, optimizer)
@@ -116,17 +122,22 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
     with StopSignals() as stop, run.logbook:
         while step < total_steps:
             run.clock.start()
-            views = views_or_checkpoint(run, step_views, step)
-            out = train_step(fabric, method, raw_method, optimizer, views, step, float(lr_schedule[step]),
-                             float(wd_schedule[step]), o.clip_grad, run.check_loss)
-            step += 1
-            run.clock_step(t.batch_size)
-
-            run.log_step(step, float(lr_schedule[step - 1]), out, step_views)
-            if step % t.checkpoint_every_steps == 0 or step % sampler.steps_per_epoch == 0:
+            checkpoint_due = (step + 1) % t.checkpoint_every_steps == 0 or (step + 1) % sampler.steps_per_epoch == 0
+            export_due = t.export_every_steps and (step + 1) % t.export_every_steps == 0 and step + 1 < total_steps
+            # SELFSUP_SYNC_DEBUG: the steps after which nothing is logged or saved read nothing from the GPU
+            with sync_debug(None if checkpoint_due or export_due or run.logbook.due(step + 1) else sync_mode):
+                views = views_or_checkpoint(run, step_views, step)
+                out = train_step(fabric, method, raw_method, optimizer, views, step, float(lr_schedule[step]),
+                                 float(wd_schedule[step]), o.clip_grad, run.watch_loss)
+                step += 1
+                run.clock_step(t.batch_size)
+                run.log_step(step, float(lr_schedule[step - 1]), out, step_views)
+            if checkpoint_due:
                 run.checkpoint(step)
-            if is_main and t.export_every_steps and step % t.export_every_steps == 0 and step < total_steps:
-                run.export(run.path / "snapshots" / f"step_{step:06d}", step)
+            if export_due:
+                run.check_losses()  # every process: no snapshot of weights whose loss diverged
+                if is_main:
+                    run.export(run.path / "snapshots" / f"step_{step:06d}", step)
             signum = reduced(fabric, stop.signum)
             if signum:
                 run.checkpoint_unless_saved(step)
@@ -145,17 +156,21 @@ def train(fabric: Any, cfg: Config, plugins: Plugins, allow_optim_change: bool =
 
 def train_step(fabric: Any, method: nn.Module, raw_method: nn.Module, optimizer: torch.optim.Optimizer,
                views: list[torch.Tensor], step: int, lr: float, weight_decay: float, clip_grad: float | None,
-               check_loss: Callable[[torch.Tensor, int], None] | None = None) -> Any:
+               watch_loss: Callable[[torch.Tensor, int], None] | None = None) -> Any:
     """One optimiser step of ``method`` (Fabric-wrapped; ``raw_method`` unwrapped) on the step's views: the loss,
-    its gradients, the update and the method's own after-step update (EMA teachers). Returns the method's output."""
+    its gradients, the update and the method's own after-step update (EMA teachers). Returns the method's output.
+
+    Nothing in it reads a value back from the device (on a GPU, the host runs ahead, queueing the next steps' work):
+    ``watch_loss`` keeps the loss for the divergence check (:meth:`RunDir.watch_loss`), and a non-finite gradient
+    norm is left to that check instead of raising in the clipping (``error_if_nonfinite`` reads the norm)."""
     set_lr_and_wd(optimizer, lr, weight_decay)
     out = method(views)
-    if check_loss is not None:
-        check_loss(out.loss, step)
+    if watch_loss is not None:
+        watch_loss(out.loss, step)
     optimizer.zero_grad(set_to_none=True)
     fabric.backward(out.loss)
     if clip_grad:
-        fabric.clip_gradients(method, optimizer, max_norm=clip_grad)
+        fabric.clip_gradients(method, optimizer, max_norm=clip_grad, error_if_nonfinite=False)
     optimizer.step()
     raw_method.after_step(step)
     return out
@@ -181,7 +196,10 @@ def budgeted_steps(fabric: Any, cfg: Config, plugins: Plugins, run: RunDir, data
                                    None)
     if t.sync_batchnorm and fabric.device.type == "cuda":  # as the run's: SyncBatchNorm costs time (CUDA-only)
         probe = sync_batchnorm(fabric, probe)
-    probe_optimizer = build_optimizer(probe, cfg.optim, online_encoder(probe))
+    if t.compile:  # as the run's (the compilation falls in the warm-up steps)
+        compile_backbones(probe, fabric.device)
+    probe_optimizer = build_optimizer(probe, cfg.optim, online_encoder(probe),
+                                      fused_step(fabric.device, t.precision, cfg.optim.clip_grad))
     wrapped, probe_optimizer = fabric.setup(probe, probe_optimizer)
     probe_views = StepViews(data, sampler, groups, t.seed, 0, WARMUP_STEPS + MAX_TIMED, fabric.device,
                             memory_format, probe, run.reported_images)

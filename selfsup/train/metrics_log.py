@@ -146,12 +146,23 @@ class TrainingLog:
     def row_due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.total_steps
 
+    def _collapse_due(self, step: int) -> bool:
+        return bool(self.collapse_every) and step % self.collapse_every == 0
+
+    def _knn_due(self, step: int) -> bool:
+        return self.knn_monitor is not None and (step % self.knn_every == 0 or step == self.total_steps)
+
+    def due(self, step: int) -> bool:
+        """Whether :meth:`record` may record anything after ``step`` steps (a row, a monitor): the only steps at which
+        it reads the step's values from the device. The same on every process (the kNN monitor is the main
+        process's only: its setting decides, not its presence), so that they all act on it together."""
+        knn = bool(self.knn_every) and (step % self.knn_every == 0 or step == self.total_steps)
+        return self.row_due(step) or self._collapse_due(step) or knn
+
     def record(self, step: int, lr: float, out: Any, clock: TrainClock, backbone: nn.Module, device: torch.device,
                unreadable: int | None) -> None:
         """After ``step`` steps: a metrics row (with the step output's loss and terms) and the monitors, when due."""
-        log_now = self.row_due(step)
-        collapse_now = self.collapse_every and step % self.collapse_every == 0
-        knn_now = self.knn_monitor is not None and (step % self.knn_every == 0 or step == self.total_steps)
+        log_now, collapse_now, knn_now = self.row_due(step), self._collapse_due(step), self._knn_due(step)
         if not (log_now or collapse_now or knn_now):
             return
         row: dict[str, Any] = {**({"stage": self.stage} if self.stage else {}), "step": step,

@@ -77,7 +77,12 @@ def parameter_groups(model: nn.Module, encoder: nn.Module | None = None, layer_d
 class LARS(torch.optim.Optimizer):
     """SGD with momentum and a layer-wise trust ratio ``eta * ||w|| / (||g|| + wd * ||w||)`` (You et al., 2017).
 
-    Groups with ``apply_lars=False`` (biases, norms) get plain SGD with momentum.
+    Groups with ``apply_lars=False`` (biases, norms) get plain SGD with momentum. Per parameter ``w`` with gradient
+    ``g`` (parameters without a gradient are skipped): ``u = g + wd * w`` and ``u *= trust`` (LARS groups only; trust
+    1 where ``||w||`` or ``||u||`` is 0), then ``v = momentum * v + u`` (``v = u`` at the first step) and
+    ``w -= lr * v``. Each group runs on ``torch._foreach_*`` ops (the trust ratios of a group computed together), so
+    a step launches a few kernels per group instead of a few per parameter, and never reads a value back to the host.
+    On the CPU these ops run the same kernels per tensor as a loop over the parameters: the results are the same.
     """
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.9, eta: float = 0.02) -> None:
@@ -87,21 +92,26 @@ class LARS(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update = p.grad
-                if group.get("apply_lars", True):
-                    update = update.add(p, alpha=group["weight_decay"])
-                    w_norm, u_norm = torch.norm(p), torch.norm(update)
-                    trust = torch.where((w_norm > 0) & (u_norm > 0), group["eta"] * w_norm / u_norm, torch.ones_like(w_norm))
-                    update = update.mul(trust)
-                state = self.state[p]
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            updates = [p.grad for p in params]
+            if group.get("apply_lars", True):
+                updates = torch._foreach_add(updates, params, alpha=group["weight_decay"])
+                w_norm, u_norm = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(updates))
+                trust = torch.where((w_norm > 0) & (u_norm > 0), group["eta"] * w_norm / u_norm,
+                                    torch.ones_like(w_norm))
+                torch._foreach_mul_(updates, trust.unbind())
+            states = [self.state[p] for p in params]
+            running = [i for i, state in enumerate(states) if "momentum_buffer" in state]
+            for i, state in enumerate(states):  # the first step of a parameter: its buffer starts at the update
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.clone(update).detach()
-                else:
-                    state["momentum_buffer"].mul_(group["momentum"]).add_(update)
-                p.add_(state["momentum_buffer"], alpha=-group["lr"])
+                    state["momentum_buffer"] = torch.clone(updates[i]).detach()
+            if running:
+                buffers = [states[i]["momentum_buffer"] for i in running]
+                torch._foreach_mul_(buffers, group["momentum"])
+                torch._foreach_add_(buffers, [updates[i] for i in running])
+            torch._foreach_add_(params, [state["momentum_buffer"] for state in states], alpha=-group["lr"])
         return loss
 
 
@@ -111,17 +121,31 @@ def online_encoder(method: nn.Module) -> nn.Module:
     return getattr(method, "encoder", None) or method.backbone
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, encoder: nn.Module | None = None) -> torch.optim.Optimizer:
+def fused_step(device: torch.device, precision: str, clip_grad: float | None) -> bool:
+    """Whether Adam and AdamW take torch's fused kernels (:func:`build_optimizer`): on CUDA, except at 16-mixed with
+    ``optim.clip_grad``, where Fabric unscales the GradScaler's gradients before clipping them and refuses an
+    optimiser that unscales them itself, as a fused one does."""
+    return torch.device(device).type == "cuda" and not (precision == "16-mixed" and clip_grad)
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, encoder: nn.Module | None = None,
+                    fused: bool = False) -> torch.optim.Optimizer:
     """The configured optimiser; learning rate and weight decay are set per step by the engine (times each group's
-    ``lr_scale`` / ``wd_scale``: layer-wise decay in ``encoder``, the heads' own lr and weight decay)."""
+    ``lr_scale`` / ``wd_scale``: layer-wise decay in ``encoder``, the heads' own lr and weight decay).
+
+    ``fused`` (:func:`fused_step`: on CUDA): Adam and AdamW take torch's fused kernels (a few kernels for all the
+    parameters' updates; the step count stays on the GPU and a GradScaler's inf check is read inside the kernel, so
+    the step reads nothing back); otherwise torch's default (foreach on CUDA, its loop over the parameters on the
+    CPU), so CPU results do not change. SGD keeps torch's default; LARS is foreach everywhere."""
     head_lr = cfg.lr if cfg.head_lr is None else cfg.head_lr
     head_wd = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
     groups = parameter_groups(model, encoder, cfg.layer_decay, head_lr / cfg.lr,
                               head_wd / cfg.weight_decay if cfg.weight_decay else 0.0)
+    fused = True if fused else None  # None: torch's choice
     if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused)
     if cfg.name == "adam":  # L2 penalty added to the gradient, as torch.optim.Adam does
-        return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, fused=fused)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return LARS(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, eta=cfg.lars_eta)

@@ -74,6 +74,8 @@ class FeatureQueue(nn.Module):
         if size % n:
             raise ValueError(f"the queue size {size} must be a multiple of the global batch {n} (the MAE-CT code's "
                              f"assertion), e.g. {max(1, size // n) * n}")
-        start = int(self.pointer)
-        self.features[start:start + n] = z
-        self.pointer.fill_((start + n) % size)
+        # rows pointer .. pointer + n - 1 (no wrap: size is a multiple of n), written without reading the pointer
+        # back to the host (which would wait for the device's work)
+        rows = self.pointer + torch.arange(n, device=self.pointer.device)
+        self.features.index_copy_(0, rows, z)
+        self.pointer.add_(n).remainder_(size)

@@ -42,14 +42,21 @@ log = logging.getLogger("selfsup")
 # Keys (and whole sections) that may change when a run is resumed: they do not affect the computation. The
 # monitors only read the model (in eval mode, with their own RNG; each step reseeds the global one), evaluation and
 # the experiment loggers run outside training, and the others say when or where to write, or how fast to compute
-# (trainer.num_threads changes the order of float sums only). data.root may move: the data's content is checked
+# (trainer.num_threads changes the order of float sums only; trainer.compile and trainer.tf32 the kernels, so the
+# last bits of a GPU's numbers, never the weights' names). data.root may move: the data's content is checked
 # against the checkpoint's fingerprint instead (RunDir.check_data).
 RESUMABLE_CHANGES = {"trainer.progress", "trainer.log_every_steps", "trainer.checkpoint_every_steps",
-                     "trainer.export_every_steps", "trainer.num_threads", "trainer.out", "trainer.loggers", "monitor",
+                     "trainer.export_every_steps", "trainer.num_threads", "trainer.compile", "trainer.tf32",
+                     "trainer.out", "trainer.loggers", "monitor",
                      "eval", "data.num_workers", "data.allow_incomplete_shards", "data.root",
                      "data.eval_split", "data.labels",  # what evaluation and the monitor read, not what trains
                      "model.init_weights"}  # read when a run starts only
 
+
+# Losses kept on the device before they are checked (RunDir.watch_loss): they are checked at each metrics row,
+# checkpoint and snapshot, or once this many wait (a run that logs and saves seldom keeps a bounded list).
+MAX_UNCHECKED_LOSSES = 256
+NO_STEP = 2**62  # no diverging loss (reduced with MIN over the processes)
 
 # Held by the process that trains into the run directory (rank 0), for the whole run.
 LOCK = ".selfsup.lock"
@@ -267,6 +274,7 @@ class RunDir:
         self.saved_step = self.start_step if self.state is not None else None
         self.clock = TrainClock(self.state)
         self.health = TrainingHealth(self.state.get("health") if self.state is not None else None)
+        self.losses: list[tuple[int, torch.Tensor]] = []  # (step, loss) not yet checked (watch_loss)
         # Streamed images replaced by earlier sessions of the run (counted once, on the main process).
         self.unreadable_before = int(self.state.get("unreadable_images", 0)) if self.state is not None else 0
         self.step_views: StepViews | None = None
@@ -340,7 +348,9 @@ class RunDir:
 
     def log_step(self, step: int, lr: float, out: Any, step_views: StepViews) -> None:
         """Record the step output of ``step`` (main process), with the streamed images that were unreadable (a sum
-        over the processes) when a row is due."""
+        over the processes) when a row is due; the losses kept so far are checked first (:meth:`check_losses`)."""
+        if self.logbook.due(step):
+            self.check_losses()
         unreadable = self.unreadable_images() if self.logbook.row_due(step) and step_views.streamed else None
         if self.is_main:
             self.logbook.record(step, lr, out, self.clock, self.method.backbone, self.fabric.device, unreadable)
@@ -363,14 +373,36 @@ class RunDir:
         here = self.step_views.unreadable if self.step_views is not None else 0
         return self.unreadable_before + reduced(self.fabric, here, torch.distributed.ReduceOp.SUM)
 
-    def check_loss(self, loss: torch.Tensor, step: int) -> None:
-        """Raise :class:`TrainingDiverged` on every process when the loss of ``step`` (the weights after ``step``
-        steps) diverges on any of them; a checkpoint of those weights is then discarded."""
-        problem = self.health.loss_problem(float(loss.detach()))
-        if reduced(self.fabric, int(problem is not None)):
-            if self.saved_step == step:
-                self.discard_checkpoint(step)
-            raise self.diverged(f"{problem or 'the loss diverges on another process'} at step {step}", step)
+    def watch_loss(self, loss: torch.Tensor, step: int) -> None:
+        """Keep the loss of ``step`` (the weights after ``step`` steps) for :meth:`check_losses`, on the device:
+        reading it at every step would make the host wait for each step to finish on a GPU."""
+        self.losses.append((step, loss.detach()))
+        if len(self.losses) >= MAX_UNCHECKED_LOSSES:
+            self.check_losses()
+
+    def check_losses(self) -> None:
+        """Check the kept losses in step order (one read for all of them) and raise :class:`TrainingDiverged` on
+        every process when one diverges on any of them, naming the first such step; a checkpoint of that step's
+        weights is then discarded. Called before each metrics row, checkpoint and snapshot, so none of them follows
+        a loss that was not checked, as when each step's loss was checked at once (the same losses, in the same
+        order, reach the health checks and the checkpoints)."""
+        if not self.losses:
+            return
+        steps, values = [s for s, _ in self.losses], torch.stack([loss for _, loss in self.losses]).tolist()
+        self.losses = []
+        problem, bad = None, NO_STEP
+        for step, value in zip(steps, values):
+            problem = self.health.loss_problem(value)
+            if problem is not None:
+                bad = step
+                break
+        first = reduced(self.fabric, bad, torch.distributed.ReduceOp.MIN)
+        if first == NO_STEP:
+            return
+        if self.saved_step == first:
+            self.discard_checkpoint(first)
+        raise self.diverged(f"{problem if bad == first else 'the loss diverges on another process'} at step {first}",
+                            first)
 
     def checkpoint(self, step: int) -> None:
         """Write the state after ``step`` steps; when the weights or optimiser state are unfit, stop training with
@@ -378,6 +410,7 @@ class RunDir:
 
         Every process takes the same decision: the weights and optimiser state are the same on all of them.
         """
+        self.check_losses()
         problem = self.health.weights_problem(self.method, self.optimizer)
         if problem is not None:
             raise self.diverged(f"step {step} not checkpointed: {problem}", step)
@@ -427,6 +460,7 @@ class RunDir:
         self.saved_step = previous_step
 
     def checkpoint_unless_saved(self, step: int) -> None:
+        self.check_losses()
         if self.saved_step != step:
             self.checkpoint(step)
 
