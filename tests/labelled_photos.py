@@ -69,3 +69,18 @@ def labelled_run(tmp_path: Path, *overrides: str, rows: range = range(LABELLED))
         "backbone": "resnet", "params": PARAMS, "image_size": 8, "channels": 3, "mean": [0.4] * 3, "std": [0.3] * 3,
         "seed": 0})
     return run, root, labels
+
+
+def class_image_folder(root: Path, classes: int = 3, per_class: int = 24, size: int = 16,
+                       suffix: str = ".jpg") -> Path:
+    """CIFAR-10 as the laptop presets read it, in miniature: ``root/train/class<c>/NNNN<suffix>``, one dominant colour
+    channel per class (JPEG at quality 75, or any other format PIL writes from ``suffix``)."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        folder = root / "train" / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            image = rng.integers(0, 80, (size, size, 3), dtype=np.uint8)
+            image[..., c % 3] += 150
+            Image.fromarray(image).save(folder / f"{i:04d}{suffix}", **({"quality": 75} if suffix == ".jpg" else {}))
+    return root

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from labelled_photos import class_image_folder
 from selfsup.config import ConfigError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
@@ -222,25 +223,10 @@ def test_throughput_measures_each_variant(tmp_path: Path, capsys, monkeypatch) -
     assert all(r["train_images_per_s"] > 0 for r in results)
 
 
-def tiny_image_folder(root: Path, classes: int = 3, per_class: int = 24, size: int = 16) -> Path:
-    """A CIFAR-like image folder (root/train/<class>/NNNN.jpg), one dominant colour channel per class."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        folder = root / "train" / f"class{c}"
-        folder.mkdir(parents=True)
-        for i in range(per_class):
-            image = rng.integers(0, 80, (size, size, 3), dtype=np.uint8)
-            image[..., c % 3] += 150
-            Image.fromarray(image).save(folder / f"{i:04d}.jpg", quality=75)
-    return root
-
-
 def test_laptop_suite_trains_each_preset_once_and_writes_table_and_plot(tmp_path: Path, capsys) -> None:
     import laptop_suite
 
-    data = tiny_image_folder(tmp_path / "cifar")
+    data = class_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
     argv = ["--data", str(data), "--cpu-minutes", "0.02", "--methods", "vicreg,barlow_twins", "--out", str(out),
             "--points", "2", "--calibration-steps", "4", "--evals", "knn,linear,lowshot,cluster",
@@ -282,7 +268,7 @@ def test_laptop_suite_killed_after_training_does_not_retrain(tmp_path: Path, mon
     curve.json is written once, with the random network's scores, so the next invocation reuses it."""
     import laptop_suite
 
-    data = tiny_image_folder(tmp_path / "cifar")
+    data = class_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
     argv = ["--data", str(data), "--cpu-minutes", "0.01", "--methods", "vicreg", "--out", str(out), "--points", "1",
             "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
@@ -309,7 +295,7 @@ def test_laptop_suite_retrains_a_method_whose_preset_changed(tmp_path: Path, cap
     another preset length is not retrained (the suite sizes the run itself)."""
     import laptop_suite
 
-    data = tiny_image_folder(tmp_path / "cifar")
+    data = class_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
     argv = ["--data", str(data), "--cpu-minutes", "0.01", "--methods", "vicreg", "--out", str(out), "--points", "1",
             "--calibration-steps", "4", "--evals", "knn", "trainer.batch_size=16", "eval.knn_k=5",
@@ -332,7 +318,7 @@ def test_laptop_suite_fits_a_staged_preset_into_the_budget(tmp_path: Path, capsy
     """MAE-CT at a budget: every stage calibrated, and all scaled by one factor so that the whole costs the budget."""
     import laptop_suite
 
-    data = tiny_image_folder(tmp_path / "cifar")
+    data = class_image_folder(tmp_path / "cifar")
     out = tmp_path / "suite"
     budget = 0.1  # CPU-minutes
     argv = ["--data", str(data), "--cpu-minutes", str(budget), "--methods", "mae_ct", "--out", str(out),

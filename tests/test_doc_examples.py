@@ -42,11 +42,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
 
 import selfsup
 import selfsup.api
-from labelled_photos import make_photos, write_labels
+from labelled_photos import class_image_folder, make_photos, write_labels
 from selfsup.api import pretrain_config
 from selfsup.cli import build_parser, main
 from selfsup.config import Config, parse_overrides
@@ -150,19 +149,6 @@ def fashion_mnist(root: Path) -> Path:
     return root
 
 
-def image_folder(root: Path, classes: int = 4, per_class: int = 16, side: int = 32) -> Path:
-    """``root/train/<class>/*.png``: CIFAR-10 as the laptop presets read it, in miniature."""
-    rng = np.random.default_rng(1)
-    for c in range(classes):
-        folder = root / "train" / f"class_{c}"
-        folder.mkdir(parents=True)
-        for i in range(per_class):
-            pixels = rng.integers(0, 60, (side, side, 3), dtype=np.uint8)
-            pixels[:, :, c % 3] += 150
-            Image.fromarray(pixels).save(folder / f"{i:02d}.png")
-    return root
-
-
 @dataclass
 class World:
     """A reader's machine in a temporary folder: the working directory (the repository's configs linked in), HOME
@@ -194,7 +180,7 @@ def make_world(base: Path, tiny_run: Path | None = None) -> World:
     cwd = base / "work"
     cwd.mkdir(parents=True)
     (cwd / "configs").symlink_to(REPO / "configs")
-    image_folder(base / "shared" / "data" / "cifar10")
+    class_image_folder(base / "shared" / "data" / "cifar10", classes=4, per_class=16, size=32, suffix=".png")
     home = base / "home"
     photos = make_photos(home / "photos")
     write_labels(home / "photos_labels.csv", photos)
