@@ -151,7 +151,8 @@ def test_view_count_is_checked_on_load(views: str, ok: bool) -> None:
 
 
 def test_vit_without_cls_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^DINO trains on a ViT's \[CLS\] token: build the ViT with cls_token: true$"):
+    message = r"^DINO trains on a ViT's \[CLS\] token: build the ViT with cls_token: true$"
+    with pytest.raises(ConfigError, match=message):
         _method(backbone=_vit(cls_token=False, pool="mean"))
 
 
