@@ -165,7 +165,9 @@ def test_infonce_keys_are_constants_by_default_and_bad_shapes_are_refused() -> N
     key = TWO.flip(1).clone().requires_grad_()
     info_nce_loss(query, key, 0.2).backward()  # MoCo v3 / ExtreMA: no gradient into the keys
     assert key.grad is None and query.grad is not None
-    for q, k in [(TWO, TWO[None]), (TWO[None], TWO), (TWO, TWO[:, :2]), (TWO[:1], TWO)]:
+    cube = torch.zeros(2, 3, 3)  # 3-D, its second dimension equal to d = 3 and its length to B = 2
+    for q, k in [(TWO, TWO[None]), (TWO[None], TWO), (TWO, TWO[:, :2]), (TWO[:1], TWO), (TWO, cube),
+                 (cube, TWO)]:
         with pytest.raises(ValueError, match=rf"^query must be \(m \* B, d\) for keys \(B, d\); got "
                                              rf"{re.escape(str(tuple(q.shape)))} and {re.escape(str(tuple(k.shape)))}$"):
             info_nce_loss(q, k, 0.2)
@@ -185,3 +187,15 @@ def test_msn_sinkhorn_steps_and_label_smoothing_reach_the_loss() -> None:
     assert len({round(v, 6) for v in values}) == 3  # 0, 1 and 3 Sinkhorn steps give three different targets
     smoothed = msn_loss(anchor, target, label_smoothing=0.1)[0].item()
     assert smoothed != pytest.approx(values[2], rel=1e-4)
+
+
+def test_infonce_negatives_are_cast_to_the_keys_dtype() -> None:
+    """A queue kept in float64 beside a float32 batch (or the reverse) is cast to the keys' dtype: the same loss as
+    negatives given in the batch's dtype, and no dtype clash in the matrix product."""
+    from selfsup.losses.infonce import info_nce_loss
+
+    g = torch.Generator().manual_seed(0)
+    query, key = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    negatives = torch.randn(5, 3, generator=g)
+    same = info_nce_loss(query, key, 0.2, negatives=negatives)
+    torch.testing.assert_close(info_nce_loss(query, key, 0.2, negatives=negatives.double()), same)

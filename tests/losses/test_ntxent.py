@@ -101,3 +101,31 @@ def test_moco_ctr_is_infonce_times_two_tau_against_a_transcription() -> None:
     loss.backward()
     assert key.grad is None  # stop-gradient on the keys
     torch.testing.assert_close(loss, 2 * tau * info_nce_loss(q, k, tau))
+
+
+@pytest.mark.parametrize("process", [0, 1, 2])
+def test_nt_xent_on_one_of_three_processes_is_eq1_over_its_own_anchors(process: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process r of 3 (the all-gather replaced by the global batch, r's rows its own inputs): its loss is the mean of
+    Eq. 1's l(i, j) over its own 2B anchors, each against the 2N - 1 other views of the global batch. Three
+    processes, because with two a wrong offset of +-2B rows lands on the right rows modulo 2N = 4B."""
+    world, b, tau = 3, 2, 0.5
+    z1, z2 = _pair(n=world * b, seed=3)
+    mine = slice(process * b, (process + 1) * b)
+
+    def gather(x: torch.Tensor) -> torch.Tensor:  # process p's [z1_p; z2_p] at rows p * 2B ...
+        blocks = [torch.cat([z1[p * b:(p + 1) * b], z2[p * b:(p + 1) * b]]) for p in range(world)]
+        blocks[process] = x
+        return torch.cat(blocks)
+
+    monkeypatch.setattr("selfsup.losses.infonce.rank", lambda: process)
+    monkeypatch.setattr("selfsup.losses.infonce.gather_with_grad", gather)
+    views = torch.stack([z1, z2], dim=1).reshape(2 * world * b, -1)  # Eq. 1's interleaved order: image k at 2k, 2k+1
+
+    def ell(i: int, j: int) -> float:
+        denominator = sum(math.exp(float(_sim(views[i], views[k])) / tau) for k in range(len(views)) if k != i)
+        return -math.log(math.exp(float(_sim(views[i], views[j])) / tau) / denominator)
+
+    own = [(2 * k, 2 * k + 1) for k in range(process * b, (process + 1) * b)]
+    expected = sum(ell(i, j) + ell(j, i) for i, j in own) / (2 * b)
+    assert nt_xent_loss(z1[mine], z2[mine], tau).item() == pytest.approx(expected, rel=1e-12)

@@ -10,6 +10,7 @@ from selfsup.config import ConfigError
 from selfsup.load import load_config
 from selfsup.losses.dino import TeacherCentre, dino_loss
 from selfsup.methods import build_method
+from selfsup.methods.dino import DINOConfig
 from selfsup.models import build_backbone
 
 B, SIZE, LOCAL, PATCH = 6, 16, 8, 4
@@ -116,6 +117,8 @@ def test_teacher_temperature_warms_up_with_the_steps() -> None:
 def test_resnet_backbone_with_batch_norm_head() -> None:
     backbone = build_backbone("resnet", block="basic", layers=[1, 1, 1, 1], width=8, small_stem=True, in_channels=3)
     method = _method(backbone=backbone, head_batch_norm=True)
+    assert sum(isinstance(m, torch.nn.BatchNorm1d) for m in method.head.mlp) == 2  # after each hidden Linear
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in _method().head.mlp)  # their ViT default: none
     out = method(_views(num_local=2))
     out.loss.backward()
     assert all(p.grad is not None for p in method.encoder.parameters())
@@ -148,7 +151,8 @@ def test_view_count_is_checked_on_load(views: str, ok: bool) -> None:
 
 
 def test_vit_without_cls_is_refused() -> None:
-    with pytest.raises(ConfigError, match="cls_token"):
+    message = r"^DINO trains on a ViT's \[CLS\] token: build the ViT with cls_token: true$"
+    with pytest.raises(ConfigError, match=message):
         _method(backbone=_vit(cls_token=False, pool="mean"))
 
 
@@ -160,3 +164,21 @@ def test_carry_over_restarts_the_teacher_from_the_student() -> None:
     method.after_carry_over()
     for (name, s), t in zip(method.student.named_parameters(), method.teacher.module.parameters()):
         assert torch.equal(s, t), name
+
+
+def test_teacher_temperature_at_the_last_step_and_past_the_schedule() -> None:
+    """A warm-up over the whole run of 4 steps: 0.04 + 0.03 * step / 4 at steps 0-3 (the last step takes the last
+    value, 0.0625), and a step past the schedule's end (a stretched run) keeps that last value."""
+    method = _method(total_steps=4, teacher_temperature_warmup=1.0, warmup_teacher_temperature=0.04,
+                     teacher_temperature=0.07)
+    temps = []
+    for step in range(5):
+        temps.append(round(method(_views(num_local=0)).terms["teacher_temperature"].item(), 6))
+        method.after_step(step)
+    assert temps == [0.04, 0.0475, 0.055, 0.0625, 0.0625]
+
+
+def test_config_fields_are_checked_by_name() -> None:
+    """A DINOConfig built in Python is checked as the YAML is, its errors naming the field as ``method.<field>``."""
+    with pytest.raises(ConfigError, match=r"^bad value for method\.student_temperature: 0"):
+        DINOConfig(student_temperature=0.0)

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from selfsup.config import ConfigError
+from selfsup.data.masking import block_masks
 from selfsup.load import load_config
 from selfsup.losses.dino import TeacherCentre
 from selfsup.losses.ibot import ibot_loss
 from selfsup.methods import build_method
+from selfsup.methods.ibot import IBOTConfig
 from selfsup.models import build_backbone
 
 B, SIZE, LOCAL, PATCH = 6, 16, 8, 4
@@ -65,6 +67,7 @@ def test_step_is_the_ibot_loss_of_masked_student_and_unmasked_teacher(shared: bo
                             0.7, 1.3)
     torch.testing.assert_close(out.loss.detach(), expected)
     assert out.terms["mim"] > 0 and out.terms["cls"] > 0
+    torch.testing.assert_close(out.embeddings, s["cls"][:B])  # monitored: the student's [CLS] of the 1st masked view
 
 
 def test_mask_token_replaces_masked_patches_for_the_student_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,10 +118,14 @@ def test_last_layers_frozen_early(monkeypatch: pytest.MonkeyPatch) -> None:
         method.after_step(step)
 
 
-def test_vit_only() -> None:
+def test_vit_with_cls_in_its_blocks_only() -> None:
+    """A ResNet, a ViT without [CLS] and a ViT whose [CLS] only enters late class-attention blocks are refused."""
     resnet = build_backbone("resnet", block="basic", layers=[1, 1, 1, 1], width=8, small_stem=True, in_channels=3)
-    with pytest.raises(ConfigError, match="iBOT needs a ViT"):
-        _method(backbone=resnet)
+    message = (r"^iBOT needs a ViT with a \[CLS\] token in its blocks \(model.backbone vit_laptop, vit_tiny, "
+               r"vit_small, vit_base or vit_custom; no class-attention blocks\)$")
+    for backbone in (resnet, _vit(cls_token=False, pool="mean"), _vit(num_class_attention_blocks=1)):
+        with pytest.raises(ConfigError, match=message):
+            _method(backbone=backbone)
 
 
 def test_view_count_and_mask_ratios_checked_on_load() -> None:
@@ -128,3 +135,75 @@ def test_view_count_and_mask_ratios_checked_on_load() -> None:
         load_config(None, ["method.name=ibot", "method.mask_ratio=[0.3]", "method.mask_ratio_var=[0.0, 0.2]",
                            "views=[{preset: minimal, num: 2}]"])
     assert load_config(None, ["method.name=ibot", "views=[{preset: minimal, num: 2}]"]).method["name"] == "ibot"
+
+
+
+def test_head_options_centre_momenta_and_the_exported_teacher_reach_the_method() -> None:
+    method = _method(head_batch_norm=True, norm_last_layer=False, center_momentum=0.5, patch_center_momentum=0.8,
+                     eval_pool="mean")
+    assert sum(isinstance(m, torch.nn.BatchNorm1d) for m in method.head.mlp) == 2
+    assert method.head.last_layer.weight_g.requires_grad  # the weight norm's g learns
+    assert (method.centre.momentum, method.patch_centre.momentum) == (0.5, 0.8)
+    assert method.backbone is method.teacher.module[0] and method.backbone.pool == "mean"
+    assert method.encoder.pool == "cls" and method.export_params == {"pool": "mean"}
+    default = _method()
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in default.head.mlp)
+    assert not any("weight_g" in n for n, _ in default.named_parameters())
+
+
+def test_teacher_temperatures_warm_up_and_hold_past_the_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm-ups over the whole run of 4 steps, [CLS] 0.04 -> 0.07 and patches 0.02 -> 0.06: step s takes
+    start + (end - start) * s / 4; a step past the end (a stretched run) keeps the last value."""
+    import selfsup.methods.ibot as ibot_module
+
+    seen = []
+
+    def recording(*args):
+        seen.append((round(args[8], 6), round(args[9], 6)))
+        return ibot_loss(*args)
+
+    monkeypatch.setattr(ibot_module, "ibot_loss", recording)
+    method = _method(total_steps=4, teacher_temperature_warmup=1.0, warmup_teacher_temperature=0.04,
+                     teacher_temperature=0.07, warmup_teacher_patch_temperature=0.02, teacher_patch_temperature=0.06)
+    for step in range(5):
+        method(_views(num_local=0))
+        method.after_step(step)
+    assert seen == [(0.04, 0.02), (0.0475, 0.03), (0.055, 0.04), (0.0625, 0.05), (0.0625, 0.05)]
+
+
+def test_configured_masks_reach_block_masks_and_global_views_alone_suffice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import selfsup.methods.ibot as ibot_module
+
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append((args, kwargs))
+        return block_masks(*args, **kwargs)
+
+    monkeypatch.setattr(ibot_module, "block_masks", recording)
+    method = _method(mask_ratio=[0.2, 0.35], mask_ratio_var=[0.1, 0.05], mask_aspect=[0.5, 2.0])
+    out = method(_views(num_local=0))  # the two global crops only: no local [CLS]
+    assert calls == [((B, 2, (4, 4), [0.2, 0.35], [0.1, 0.05], (0.5, 2.0)), {})]
+    assert torch.isfinite(out.loss) and out.terms["cls"] > 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"mask_ratio": [0.3], "mask_ratio_var": [0.4]}, r"each method.mask_ratio r needs mask_ratio_var <= r and "
+                                                     r"r \+ var < 1, got \[0.3\] \+- \[0.4\]"),
+    ({"mask_ratio": [0.6], "mask_ratio_var": [0.4]}, r"each method.mask_ratio r needs mask_ratio_var <= r and "
+                                                     r"r \+ var < 1, got \[0.6\] \+- \[0.4\]"),
+    ({"mask_aspect": [3.0, 0.3]}, r"method.mask_aspect is a range \[low, high\], got \[3.0, 0.3\]"),
+    ({"mask_aspect": [0.3, 1.0, 3.0]}, r"method.mask_aspect is a range \[low, high\], got \[0.3, 1.0, 3.0\]"),
+    ({"cls_weight": -1.0}, r"bad value for method\.cls_weight: -1"),
+])
+def test_config_refusals_by_message(fields: dict, message: str) -> None:
+    """v > r would draw negative ratios, r + v = 1 a view with every patch masked; [low, high] is a log-uniform
+    range."""
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        IBOTConfig(**fields)
+
+
+def test_config_boundaries_that_are_accepted() -> None:
+    """var = r (ratios down to 0), r + var just below 1, and one aspect ratio (square blocks: low = high)."""
+    cfg = IBOTConfig(mask_ratio=[0.3, 0.5], mask_ratio_var=[0.3, 0.45], mask_aspect=[1.0, 1.0])
+    assert cfg.mask_aspect == [1.0, 1.0]

@@ -67,6 +67,7 @@ def test_step_is_the_symmetric_ctr_of_predictions_against_the_other_views_moment
     torch.testing.assert_close(out.loss, expected)
     assert not torch.allclose(out.loss, moco_contrastive_loss(q1, k1, 0.3) + moco_contrastive_loss(q2, k2, 0.3))
     torch.testing.assert_close(out.embeddings, z1.detach())
+    assert out.terms == {}  # no extra terms to log (the engine iterates them)
 
 
 def test_heads_are_the_authors_layout_and_the_momentum_encoder_gets_no_gradient() -> None:
@@ -131,13 +132,18 @@ def test_frozen_random_patch_projection_stays_put(conv_stem: list[int] | None) -
 
 
 def test_frozen_patch_projection_needs_a_vit() -> None:
-    with pytest.raises(ConfigError, match="method.freeze_patch_embed freezes a ViT's patch projection"):
+    with pytest.raises(ConfigError, match=r"^method.freeze_patch_embed freezes a ViT's patch projection; the backbone "
+                                          r"ResNet has none: set method.freeze_patch_embed=false$"):
         _method(freeze_patch_embed=True)
 
 
 def test_config_is_checked_and_the_view_count_on_load() -> None:
     with pytest.raises(ConfigError, match=r"method.predictor must end at the projector's output width 16"):
         MoCoV3Config(projector=[32, 16], predictor=[32, 8])
+    with pytest.raises(ConfigError, match=r"^method.predictor must end at the projector's output width 16 \(its "
+                                          r"queries meet the momentum encoder's keys\), got \[16, 32\]$"):
+        MoCoV3Config(projector=[32, 32, 16], predictor=[16, 32])  # a 3-layer projector: its last width, not its 2nd
+    assert MoCoV3Config(projector=[32, 16], predictor=[32, 8, 16]).predictor == [32, 8, 16]  # 3 layers, ends at 16
     with pytest.raises(ConfigError, match=r"bad value for method.temperature: 0"):
         MoCoV3Config(temperature=0.0)
     for made in (1, 3):

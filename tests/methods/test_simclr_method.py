@@ -40,6 +40,7 @@ def test_step_is_nt_xent_of_both_views_projected_in_one_pass() -> None:
     torch.testing.assert_close(out.loss, nt_xent_loss(z1, z2, 0.3))
     assert not torch.allclose(out.loss, nt_xent_loss(z1, z2, 0.5))
     torch.testing.assert_close(out.embeddings, z1.detach())
+    assert out.terms == {}  # no extra terms to log (the engine iterates them)
 
 
 @pytest.mark.parametrize("widths, linears", [([32, 16], 2), ([32, 32, 16], 3)])
