@@ -37,7 +37,7 @@ def pretrain_and_evaluate(config: str, overrides: list[str], compare: str = "raw
               "pretrain_wall_min": round((time.perf_counter() - wall) / 60, 2),
               "pretrain_cpu_min": round(cpu_minutes() - cpu, 2)}
     eval_cfg = run_config(Path(run_dir), [])
-    for baseline in ["none", *[b for b in compare.split(",") if b]]:
+    for baseline in ["none", *[b for b in compare.split(",") if b and b != "none"]]:  # --compare none: once
         prefix = "" if baseline == "none" else f"{baseline}_"
         scores = evaluate_run(Path(run_dir), eval_cfg, evals.split(","), baseline=baseline, progress=False)
         result.update({prefix + k: v for k, v in scores.items()})

@@ -606,3 +606,20 @@ def test_anchors_cuda_refuses_authors_settings_that_differ_from_the_config() -> 
     anchors_cuda.same_work("msn_vit_s16", opts, theirs)
     with pytest.raises(ValueError, match=r"mask_ratio theirs 0.3 ours 0.15, projector theirs \[1024, 1024, 256\]"):
         anchors_cuda.same_work("msn_vit_s16", opts, {**theirs, "mask_ratio": 0.3, "projector": [1024, 1024, 256]})
+
+
+@pytest.mark.parametrize("compare, expected", [("none", ["none"]), ("raw", ["none", "raw"]),
+                                               ("raw,random", ["none", "raw", "random"])])
+def test_pretrain_eval_scores_the_backbone_once_and_each_baseline_once(monkeypatch, tmp_path, compare, expected):
+    """`--compare none` evaluates the backbone alone, not twice (each pass rebuilds every feature)."""
+    import pretrain_eval
+
+    scored = []
+    monkeypatch.setattr(pretrain_eval, "load_config", lambda config, overrides: None)
+    monkeypatch.setattr(pretrain_eval, "pretrain", lambda cfg: tmp_path)
+    monkeypatch.setattr(pretrain_eval, "run_config", lambda run_dir, overrides: None)
+    monkeypatch.setattr(pretrain_eval, "evaluate_run",
+                        lambda run_dir, cfg, evals, baseline, progress: scored.append(baseline) or {"knn_top1": 1.0})
+    result = pretrain_eval.pretrain_and_evaluate("cfg.yaml", [], compare=compare, evals="knn")
+    assert scored == expected
+    assert result["knn_top1"] == 1.0 and ("raw_knn_top1" in result) == ("raw" in expected)
