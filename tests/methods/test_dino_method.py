@@ -104,14 +104,19 @@ def test_last_layer_gets_zero_gradients_for_the_first_share_of_the_run() -> None
         method.after_step(step)
 
 
+def _teacher_temperatures(method, steps: int) -> list[float]:
+    """The teacher temperature each of ``steps`` training steps uses (global crops only), rounded to 6 places."""
+    temps = []
+    for step in range(steps):
+        temps.append(round(method(_views(num_local=0)).terms["teacher_temperature"].item(), 6))
+        method.after_step(step)
+    return temps
+
+
 def test_teacher_temperature_warms_up_with_the_steps() -> None:
     method = _method(total_steps=10, teacher_temperature_warmup=0.4, warmup_teacher_temperature=0.04,
                      teacher_temperature=0.07)
-    temps = []
-    for step in range(6):
-        temps.append(round(method(_views(num_local=0)).terms["teacher_temperature"].item(), 6))
-        method.after_step(step)
-    assert temps == [0.04, 0.0475, 0.055, 0.0625, 0.07, 0.07]
+    assert _teacher_temperatures(method, 6) == [0.04, 0.0475, 0.055, 0.0625, 0.07, 0.07]
 
 
 def test_resnet_backbone_with_batch_norm_head() -> None:
@@ -171,11 +176,7 @@ def test_teacher_temperature_at_the_last_step_and_past_the_schedule() -> None:
     value, 0.0625), and a step past the schedule's end (a stretched run) keeps that last value."""
     method = _method(total_steps=4, teacher_temperature_warmup=1.0, warmup_teacher_temperature=0.04,
                      teacher_temperature=0.07)
-    temps = []
-    for step in range(5):
-        temps.append(round(method(_views(num_local=0)).terms["teacher_temperature"].item(), 6))
-        method.after_step(step)
-    assert temps == [0.04, 0.0475, 0.055, 0.0625, 0.0625]
+    assert _teacher_temperatures(method, 5) == [0.04, 0.0475, 0.055, 0.0625, 0.0625]
 
 
 def test_config_fields_are_checked_by_name() -> None:

@@ -137,7 +137,6 @@ def test_view_count_and_mask_ratios_checked_on_load() -> None:
     assert load_config(None, ["method.name=ibot", "views=[{preset: minimal, num: 2}]"]).method["name"] == "ibot"
 
 
-
 def test_head_options_centre_momenta_and_the_exported_teacher_reach_the_method() -> None:
     method = _method(head_batch_norm=True, norm_last_layer=False, center_momentum=0.5, patch_center_momentum=0.8,
                      eval_pool="mean")
