@@ -87,9 +87,9 @@ def budget_steps(share_s: float, calibration: Calibration, floor: bool = False) 
 def record(run_dir: Path, budget: str, share_s: float, calibration: Calibration, steps: int, steps_per_epoch: int,
            images: int, device: str, threads: int) -> dict[str, Any]:
     """Write ``RUN_DIR/budget.json`` (what was measured and what it bought) and return it."""
-    entry = {"budget": budget, "share_s": round(share_s, 2), "seconds_per_step": round(calibration.seconds_per_step, 5),
+    entry = {"budget": budget, "share_s": round(share_s, 2), "seconds_per_step": round(calibration.seconds_per_step, 6),
              "timed_steps": calibration.timed_steps, "warmup_steps": WARMUP_STEPS,
-             "calibration_s": round(calibration.elapsed_s, 2), "steps": steps,
+             "calibration_s": round(calibration.elapsed_s, 3), "steps": steps,
              "epochs": round(steps / steps_per_epoch, 3), "images": images, "device": device,
              "cpu": cpu_name(), "threads": threads, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
