@@ -4,6 +4,7 @@ the 2N views of the global batch.
 One step (the paper's Alg. 1)::
 
     h = f(cat(x1, x2))                     # the 2N views in one pass: BatchNorm statistics over both views
+                                           # (views of two sizes: one pass per size, as DINO's multi-crop)
     z1, z2 = split(g(h))                   # projection head g: Linear-BN-ReLU ... Linear-BN
     loss = NT-Xent(z1, z2, tau)            # Eq. 1: every view an anchor, the 2N - 2 others of the global batch
                                            # its negatives, gathered with gradients across processes
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from selfsup.config import Temperature, Widths, check_fields
+from selfsup.data.views import run_by_size
 from selfsup.losses.infonce import nt_xent_loss
 from selfsup.methods.base import MethodBase, MethodConfig, StepOutput
 from selfsup.models.heads import mlp
@@ -49,5 +51,5 @@ class SimCLR(MethodBase):
         self.projector = mlp([backbone.num_features, *cfg.projector], bias=False, last_bias=False, last_norm=True)
 
     def forward(self, views: list[torch.Tensor]) -> StepOutput:
-        z1, z2 = self.projector(self.backbone(torch.cat(views))).chunk(2)
+        z1, z2 = self.projector(torch.cat(run_by_size(self.backbone, views))).chunk(2)
         return StepOutput(nt_xent_loss(z1, z2, self.temperature), {}, z1.detach())

@@ -43,6 +43,18 @@ def test_step_is_nt_xent_of_both_views_projected_in_one_pass() -> None:
     assert out.terms == {}  # no extra terms to log (the engine iterates them)
 
 
+def test_views_of_two_sizes_are_encoded_one_size_at_a_time() -> None:
+    """A 16 px and an 8 px view (a user's `views` with two sizes) cannot share one pass: each size gets its own
+    encoder pass, and the projection head sees the 2N features together."""
+    method = _method()
+    g = torch.Generator().manual_seed(2)
+    x1, x2 = torch.rand(8, 1, 16, 16, generator=g), torch.rand(8, 1, 8, 8, generator=g)
+    out = method([x1, x2])
+    z1, z2 = method.projector(torch.cat([method.backbone(x1), method.backbone(x2)])).chunk(2)
+    torch.testing.assert_close(out.loss, nt_xent_loss(z1, z2, method.temperature))
+    out.loss.backward()
+
+
 @pytest.mark.parametrize("widths, linears", [([32, 16], 2), ([32, 32, 16], 3)])
 def test_projection_head_depth_and_layout(widths: list[int], linears: int) -> None:
     """Paper: 2 layers; SimCLR v2: 3. Linear without bias, BatchNorm after every layer, ReLU after the hidden ones."""
