@@ -90,6 +90,6 @@ def test_defaults_and_the_view_count_on_load() -> None:
         with pytest.raises(ConfigError, match=f"method simclr needs 2 views per image but the config makes {made}"):
             load_config(None, ["method.name=simclr", f"views=[{{preset: minimal, num: {made}}}]"])
     cfg = load_config(PRESET)
-    assert cfg.method == {"name": "simclr", "projector": [256, 128], "temperature": 0.5}
+    assert cfg.method == {"name": "simclr", "projector": [256, 128], "temperature": 0.2}  # the laptop lever
     backbone = build_backbone("resnet", block="basic", layers=[1, 1, 1, 1], width=8, small_stem=True, in_channels=1)
     assert isinstance(build_method(cfg.method, backbone, 10), SimCLR)
