@@ -70,6 +70,12 @@ def check_method_sections(cfg: Config) -> None:
             need = f"{least}" if least == most else f"at least {least}" if most is None else f"{least} to {most}"
             raise ConfigError(f"method {c.method['name']} needs {need} views per image but the config makes {made} "
                               f"(the sum of views.*.num); e.g. one view spec with views.0.num={least}")
+        # Sizes of the views the step stacks, where the config names them (null: data.image_size, else the stored size).
+        first = [v.size or c.data.image_size for v in c.views for _ in range(v.num)][:method_cfg.SAME_SIZE_VIEWS]
+        if None not in first and len(set(first)) > 1:
+            raise ConfigError(f"method {c.method['name']} stacks its first {len(first)} views into one batch, so they "
+                              f"need one size, but the config makes them {first} px (views.*.size); give those "
+                              f"view specs the same size, e.g. {max(first)}")
 
 
 def build_method(spec: dict[str, Any], backbone: nn.Module, total_steps: int) -> nn.Module:

@@ -39,6 +39,7 @@ Fraction = Annotated[float, Range(ge=0, le=1, example="0.1 (a fraction of the ru
 @dataclass
 class DINOConfig(EMAConfig):  # momentum: lambda, cosine 0.996 -> 1 (Sec. 3.1)
     VIEWS: ClassVar[tuple[int, int | None]] = (2, None)  # 2 global crops, then any number of local crops
+    SAME_SIZE_VIEWS: ClassVar[int] = 2  # the teacher takes the two global crops as one batch (iBOT's student too)
     out_dim: Width = 65536  # K (Sec. 3.1; App. Tab. 9 ablates 1024-262144)
     head_hidden: Width = 2048
     bottleneck: Width = 256

@@ -137,6 +137,23 @@ def test_view_count_and_mask_ratios_checked_on_load() -> None:
     assert load_config(None, ["method.name=ibot", "views=[{preset: minimal, num: 2}]"]).method["name"] == "ibot"
 
 
+@pytest.mark.parametrize("name", ["dino", "ibot"])
+def test_global_crops_of_two_sizes_refused_on_load_local_crops_free(name: str) -> None:
+    """DINO's teacher (and iBOT's student) takes the two global crops as one batch: sizes that differ are a config
+    error naming them, not a torch error at the first step; the local crops may be any size, and data.image_size
+    fills an unset size."""
+    local = "{preset: minimal, num: 2, size: 8}"
+    with pytest.raises(ConfigError, match=rf"method {name} stacks its first 2 views .* \[16, 24\] px"):
+        load_config(None, [f"method.name={name}", f"views=[{{preset: minimal, num: 1, size: 16}}, "
+                                                  f"{{preset: minimal, num: 1, size: 24}}, {local}]"])
+    with pytest.raises(ConfigError, match=r"\[32, 16\] px"):
+        load_config(None, [f"method.name={name}", "data.image_size=32",
+                           f"views=[{{preset: minimal, num: 1}}, {{preset: minimal, num: 1, size: 16}}, {local}]"])
+    for views in [f"[{{preset: minimal, num: 2, size: 16}}, {local}]",
+                  f"[{{preset: minimal, num: 1, size: 16}}, {{preset: minimal, num: 1, size: 16}}, {local}]"]:
+        assert load_config(None, [f"method.name={name}", f"views={views}"]).method["name"] == name
+
+
 def test_head_options_centre_momenta_and_the_exported_teacher_reach_the_method() -> None:
     method = _method(head_batch_norm=True, norm_last_layer=False, center_momentum=0.5, patch_center_momentum=0.8,
                      eval_pool="mean")
