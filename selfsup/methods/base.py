@@ -106,7 +106,7 @@ class MethodConfig:
     """What every method's config dataclass shares: the checks the launcher runs on it, each a no-op unless the
     method's config overrides it."""
 
-    # The first k views per image share one size: the step stacks them into one batch (iBOT's global crops).
+    # The first k views per image share one size: the step stacks them into one batch (DINO's global crops).
     SAME_SIZE_VIEWS: ClassVar[int] = 0
 
     def warnings(self, global_batch: int) -> list[str]:
